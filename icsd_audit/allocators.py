@@ -22,7 +22,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from .calibration import fit_gaussian, fit_laplace, laplace_cdf, normal_cdf
+from .calibration import fit_gaussian, fit_laplace, fit_laplace_centered, normal_cdf, segment_laplace_cdf_, select
 from .segments import combine_ranks, dense_rank, order_key, segment_sum
 
 __all__ = [
@@ -70,32 +70,55 @@ class Layout:
         batch, n_batches = dense_rank(batch_id)
         turn_rank, n_turn_ids = dense_rank(turn_id)
         group, n_groups = combine_ranks(batch, turn_rank, n_turn_ids, n_ids=n_batches)
-        if _lex_sorted(batch_id, traj_id, turn_id):
+        runs = _sorted_runs(batch_id, traj_id, turn_id)
+        if runs is not None:
             # Dumps and trainer batches arrive sorted by (batch, traj, turn): each
             # turn is one run, so its id is a running count of key changes.
-            new = torch.ones_like(batch_id, dtype=torch.bool)
-            new[1:] = (batch_id[1:] != batch_id[:-1]) | (traj_id[1:] != traj_id[:-1]) | (turn_id[1:] != turn_id[:-1])
-            turn = torch.cumsum(new, 0) - 1
+            turn = torch.cumsum(runs, 0).sub_(1)
             n_turns = int(turn[-1]) + 1 if turn.numel() else 0
         else:
             traj, _ = combine_ranks(batch, *dense_rank(traj_id), n_ids=n_batches)
             turn, n_turns = combine_ranks(traj, turn_rank, n_turn_ids)
         group_batch = torch.zeros(n_groups, dtype=torch.long, device=batch.device)
-        group_batch[group] = batch
+        if n_batches > 1:
+            group_batch[group] = batch
         return Layout(batch, n_batches, group, n_groups, group_batch, turn, n_turns)
 
 
-def _lex_sorted(*keys: Tensor) -> bool:
-    """Whether rows are in non-decreasing lexicographic order of ``keys``."""
-    if keys[0].numel() < 2:
-        return True
-    undecided = torch.ones(keys[0].numel() - 1, dtype=torch.bool, device=keys[0].device)
+def _sorted_runs(*keys: Tensor) -> Tensor | None:
+    """Run starts (bool per row) if rows are in non-decreasing lexicographic order of ``keys``, else None.
+
+    When the id ranges fit, the keys are packed into one int64 so the order and the
+    run boundaries come from a single difference; otherwise keys are compared one
+    at a time.
+    """
+    n = keys[0].numel()
+    if n < 2:
+        return torch.ones(n, dtype=torch.bool, device=keys[0].device)
+    bounds = [tuple(int(v) for v in torch.aminmax(k)) for k in keys]
+    widths = [hi - lo + 1 for lo, hi in bounds]
+    if math.prod(widths) < 2**62:
+        packed = keys[0] - bounds[0][0]
+        for key, (lo, _), w in zip(keys[1:], bounds[1:], widths[1:]):
+            packed.mul_(w).add_(key)
+            if lo:
+                packed.sub_(lo)
+        d = packed[1:] - packed[:-1]
+        if bool((d < 0).any()):
+            return None
+        new = torch.empty(n, dtype=torch.bool, device=d.device)
+        new[0] = True
+        torch.ne(d, 0, out=new[1:])
+        return new
+    undecided = torch.ones(n - 1, dtype=torch.bool, device=keys[0].device)
     for key in keys:
         d = key[1:] - key[:-1]
         if bool((undecided & (d < 0)).any()):
-            return False
+            return None
         undecided &= d == 0
-    return True
+    new = torch.ones(n, dtype=torch.bool, device=keys[0].device)
+    new[1:] = ~undecided
+    return new
 
 
 @dataclass(frozen=True)
@@ -176,18 +199,15 @@ def allocator_names() -> list[str]:
 
 
 def _trust_laplace(delta: Tensor, lay: Layout, *, eta: float, beta: float, eps: float, min_group: int) -> tuple[Tensor, int]:
-    fit = fit_laplace(delta, lay.batch, lay.n_batches, eps=eps, min_group=min_group)
-    if lay.n_batches == 1:  # one batch: scalars broadcast, no per-token gathers
-        use = bool(fit.usable[0])
-        one = torch.ones(1, dtype=delta.dtype, device=delta.device)
-        mu, bm, bp = (fit.mu, fit.b_minus, fit.b_plus) if use else (0 * one, one, one)
-        return laplace_cdf(delta, mu, bm, bp, eta=eta), int(not use)
-    ok = fit.usable[lay.batch]
-    one = torch.ones((), dtype=delta.dtype, device=delta.device)
-    mu = torch.where(ok, fit.mu[lay.batch], torch.zeros_like(one))
-    bm = torch.where(ok, fit.b_minus[lay.batch], one)
-    bp = torch.where(ok, fit.b_plus[lay.batch], one)
-    return laplace_cdf(delta, mu, bm, bp, eta=eta), int((~fit.usable).sum())
+    fit, z, below = fit_laplace_centered(delta, lay.batch, lay.n_batches, eps=eps, min_group=min_group)
+    n_fixed = int((~fit.usable).sum())
+    mu, bm, bp = fit.mu, fit.b_minus, fit.b_plus
+    if n_fixed:  # unusable batches take the fixed map (mu 0, scales 1): recentre
+        one = torch.ones_like(mu)
+        mu, bm, bp = (torch.where(fit.usable, v, d) for v, d in ((mu, 0 * one), (bm, one), (bp, one)))
+        torch.sub(delta, select(mu, lay.batch, lay.n_batches, out=z), out=z)
+        below = z < 0
+    return segment_laplace_cdf_(z, below, lay.batch, lay.n_batches, bm, bp, eta=eta), n_fixed
 
 
 def _trust_sigmoid(delta: Tensor, lay: Layout, *, eta: float, beta: float, eps: float, min_group: int) -> tuple[Tensor, int]:
@@ -213,19 +233,28 @@ def trust_names() -> list[str]:
 
 
 def _calibrated(x: Tensor, lay: Layout, *, eta: float, eps: float, min_group: int) -> _Score:
-    """Phi_G(x) with the group -> batch -> fixed-map fallback chain of SPEC 4.2."""
+    """Phi_G(x) with the group -> batch -> fixed-map fallback chain of SPEC 4.2.
+
+    The batch fit is only needed when some group is unusable; otherwise the centred
+    values of the group fit are mapped in place.
+    """
     order = torch.argsort(order_key(x), stable=True)
-    grp = fit_laplace(x, lay.group, lay.n_groups, eps=eps, min_group=min_group, value_order=order)
+    grp, z, below = fit_laplace_centered(x, lay.group, lay.n_groups, eps=eps, min_group=min_group, value_order=order)
+    if bool(grp.usable.all()):
+        m = segment_laplace_cdf_(z, below, lay.group, lay.n_groups, grp.b_minus, grp.b_plus, eta=eta)
+        return _Score(m=m)
     bat = fit_laplace(x, lay.batch, lay.n_batches, eps=eps, min_group=min_group, value_order=order)
-    # Choose each group's parameters on the (tiny) per-group arrays, then gather once.
+    # Choose each group's parameters on the (tiny) per-group arrays, then map once.
     gb = lay.group_batch
     batch_ok = bat.usable[gb]
     one = torch.ones_like(grp.mu)
     mu = torch.where(grp.usable, grp.mu, torch.where(batch_ok, bat.mu[gb], 0 * one))
     bm = torch.where(grp.usable, grp.b_minus, torch.where(batch_ok, bat.b_minus[gb], one))
     bp = torch.where(grp.usable, grp.b_plus, torch.where(batch_ok, bat.b_plus[gb], one))
+    torch.sub(x, select(mu, lay.group, lay.n_groups, out=z), out=z)
+    m = segment_laplace_cdf_(z, z < 0, lay.group, lay.n_groups, bm, bp, eta=eta)
     return _Score(
-        m=laplace_cdf(x, mu[lay.group], bm[lay.group], bp[lay.group], eta=eta),
+        m=m,
         groups_batch_stats=int((~grp.usable & batch_ok).sum()),
         groups_fixed_map=int((~grp.usable & ~batch_ok).sum()),
     )
@@ -307,19 +336,28 @@ for _spec in (
 
 
 def _match_turn_mass(g: Tensor, m: Tensor, fallback: Tensor, lay: Layout, *, combine: Combine, eps: float) -> tuple[Tensor, int, float, float]:
-    in_c = ~fallback
-    zero = torch.zeros((), dtype=g.dtype, device=g.device)
-    weight = g if combine == "trust-weighted" else torch.ones_like(g)
-    s_g = segment_sum(torch.where(in_c, g, zero), lay.turn, lay.n_turns)
-    s_wm = segment_sum(torch.where(in_c, weight * m, zero), lay.turn, lay.n_turns)
+    """c = alpha_turn * w * m on C tokens (w = g or 1), g elsewhere and on unmatched turns.
+
+    Masks enter as exact 0/1 multipliers (x * 1 = x, x * 0 = 0 and x + 0 = x in
+    floating point), because ``where``/``masked_fill`` have no vectorised CPU kernel.
+    """
+    keep = torch.empty_like(g).copy_(~fallback)
+    c = g * m if combine == "trust-weighted" else m.clone()
+    c.mul_(keep)
+    scratch = torch.mul(g, keep)
+    s_g = segment_sum(scratch, lay.turn, lay.n_turns)
+    s_wm = segment_sum(c, lay.turn, lay.n_turns)
     matched = s_wm > eps
     alpha = s_g / torch.where(matched, s_wm, torch.ones_like(s_wm))
-    scaled = alpha[lay.turn] * weight * m
-    c = torch.where(matched[lay.turn] & in_c, scaled, g)
+    c.mul_(torch.index_select(alpha, 0, lay.turn, out=scratch))
+    c.add_(torch.mul(g, keep.neg_().add_(1.0), out=scratch))  # g on the fallback set, where c is 0
+    n_unmatched = int((~matched).sum())
+    if n_unmatched:
+        torch.where(matched[lay.turn], c, g, out=c)
     a = alpha[matched]
     a_min = float(a.min()) if a.numel() else math.nan
     a_max = float(a.max()) if a.numel() else math.nan
-    return c, int((~matched).sum()), a_min, a_max
+    return c, n_unmatched, a_min, a_max
 
 
 # --- valid-token selection, shared with the bulk permutation controls -------------------
@@ -348,6 +386,10 @@ class ValidTokens:
     n_rows: int
     all_valid: bool
 
+    @property
+    def n_valid(self) -> int:
+        return self.n_rows if self.all_valid else int(self.index.numel())
+
     @staticmethod
     def select(advantage: Tensor, ratio: Tensor, delta: Tensor, traj_id: Tensor, turn_id: Tensor,
                batch_id: Tensor | None, valid: Tensor | None) -> "ValidTokens":
@@ -357,7 +399,8 @@ class ValidTokens:
         if batch_id is None:
             batch_id = torch.zeros(n_rows, dtype=torch.long, device=device)
         all_valid = bool(valid.all())
-        idx = torch.arange(n_rows, device=device) if all_valid else torch.nonzero(valid).squeeze(1)
+        # with every row valid, selection and scatter are identities: no index is built
+        idx = torch.empty(0, dtype=torch.long, device=device) if all_valid else torch.nonzero(valid).squeeze(1)
 
         def take(x: Tensor) -> Tensor:
             return x if all_valid else x[idx]
@@ -415,7 +458,7 @@ def allocate(
     a, r, d, lay = tok.advantage, tok.ratio, tok.delta, tok.layout
 
     g, trust_fixed = trust_fn(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
-    u = a * r * d
+    u = torch.mul(a, r).mul_(d)
     fallback = (a < 0) & (d < 0)
     if spec.score is None:
         m = torch.ones_like(u)
@@ -430,7 +473,7 @@ def allocate(
         m = score.m
         c, degenerate, a_min, a_max = _match_turn_mass(g, m, fallback, lay, combine=spec.combine, eps=eps)
 
-    n_valid = int(tok.index.numel())
+    n_valid = tok.n_valid
     diag = AllocationDiagnostics(
         n_tokens=n_valid,
         n_batches=lay.n_batches,

@@ -61,5 +61,6 @@ def permuted_coefficients(
     matched = s_gm > eps
     alpha = s_g.unsqueeze(0) / torch.where(matched, s_gm, torch.ones_like(s_gm))
     turn = lay.turn.unsqueeze(0).expand(p, n)
-    c = torch.where(torch.gather(matched, 1, turn) & in_c.unsqueeze(0), torch.gather(alpha, 1, turn) * g * m, g)
+    # (g * m) * alpha: the multiplication order of allocate(), so columns agree bit for bit
+    c = torch.where(torch.gather(matched, 1, turn) & in_c.unsqueeze(0), gm * torch.gather(alpha, 1, turn), g)
     return tok.scatter(c.T.contiguous())

@@ -9,6 +9,8 @@ All functions are device-agnostic and keep the dtype of their float inputs.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -22,6 +24,7 @@ __all__ = [
     "segment_sum",
     "segment_mean",
     "segment_median",
+    "median",
     "segment_std",
 ]
 
@@ -33,14 +36,15 @@ def order_key(x: Tensor) -> Tensor:
     comparison sort; flipping the magnitude bits of negative floats makes the
     two's-complement order of the bit patterns match the float order.  The two
     zeros get different keys, which is harmless: equal values are only compared
-    as values afterwards.
+    as values afterwards.  (``bits ^ ((bits >> 63) & MAX)`` does the flip with one
+    allocation: the arithmetic shift is all ones exactly for negative patterns.)
     """
     if x.dtype == torch.float64:
         bits = x.view(torch.int64)
-        return torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+        return ((bits >> 63) & 0x7FFFFFFFFFFFFFFF).bitwise_xor_(bits)
     if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
         bits = x.float().view(torch.int32)
-        return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+        return ((bits >> 31) & 0x7FFFFFFF).bitwise_xor_(bits).long()
     return x.long()
 
 
@@ -54,15 +58,21 @@ def dense_rank(key: Tensor) -> tuple[Tensor, int]:
     n_rows = key.numel()
     if n_rows == 0:
         return torch.zeros(0, dtype=torch.long, device=key.device), 0
-    lo, hi = int(key.min()), int(key.max())
+    lo_t, hi_t = torch.aminmax(key)
+    lo, hi = int(lo_t), int(hi_t)
     if lo == hi:
-        return torch.zeros_like(key), 1
+        # a zero-stride view: one segment costs no per-row memory
+        return torch.zeros((), dtype=torch.long, device=key.device).expand(n_rows), 1
     span = hi - lo + 1
     if span <= max(4 * n_rows, 1 << 16):
+        shifted = key - lo if lo else key
         present = torch.zeros(span, dtype=torch.long, device=key.device)
-        present[key - lo] = 1
+        present[shifted] = 1
         rank = torch.cumsum(present, 0) - 1
-        return rank[key - lo], int(rank[-1]) + 1
+        n = int(rank[-1]) + 1
+        if n == span:  # every value in [lo, hi] occurs: the shifted key is its own rank
+            return shifted, n
+        return rank[shifted], n
     if bool((key[1:] >= key[:-1]).all()):
         new = torch.ones_like(key, dtype=torch.bool)
         new[1:] = key[1:] != key[:-1]
@@ -159,28 +169,41 @@ def segment_median(values: Tensor, ids: Tensor, n: int, *, value_order: Tensor |
     """Median of each segment with NumPy's convention for even counts.
 
     The two middle order statistics are averaged.  Two stable sorts (by value,
-    then by segment) give the lexicographic (segment, value) order.  Empty
-    segments get 0; callers mark them unusable through their counts.  Pass
-    ``value_order`` (a stable argsort of ``values``) to share one value sort
-    between several segmentations of the same values.
+    then by segment) give the lexicographic (segment, value) order; only the two
+    middle entries of each segment are then read.  Empty segments get 0; callers
+    mark them unusable through their counts.  Pass ``value_order`` (a stable
+    argsort of ``values``) to share one value sort between several segmentations
+    of the same values.
     """
     if values.numel() == 0:
         return torch.zeros(n, dtype=values.dtype, device=values.device)
     if n == 1 and value_order is None:
-        # One segment: two O(n) selections beat a sort (NumPy's even-count convention).
-        k = values.numel()
-        lo_v = torch.kthvalue(values, (k - 1) // 2 + 1).values
-        hi_v = lo_v if k % 2 else torch.kthvalue(values, k // 2 + 1).values
-        return ((lo_v + hi_v) / 2).reshape(1)
+        return median(values).reshape(1)
     by_value = torch.argsort(order_key(values), stable=True) if value_order is None else value_order
-    if n == 1:  # one segment (the audit allocates batch by batch): the value order is enough
-        sorted_values = values[by_value]
-    else:
-        sorted_values = values[by_value[torch.argsort(narrow(ids, n)[by_value], stable=True)]]
     counts = segment_count(ids, n)
     starts = torch.cumsum(counts, 0) - counts
     last = values.numel() - 1
     lo = (starts + (counts - 1).clamp(min=0) // 2).clamp(max=last)
     hi = (starts + counts // 2).clamp(max=last)
-    median = (sorted_values[lo] + sorted_values[hi]) / 2
-    return torch.where(counts > 0, median, torch.zeros_like(median))
+    if n > 1:  # position in (segment, value) order -> position in value order, read only where needed
+        by_segment = torch.argsort(torch.index_select(narrow(ids, n), 0, by_value), stable=True)
+        lo, hi = by_segment[lo], by_segment[hi]
+    med = (values[by_value[lo]] + values[by_value[hi]]) / 2
+    return torch.where(counts > 0, med, torch.zeros_like(med))
+
+
+def median(values: Tensor) -> Tensor:
+    """Median of a non-empty 1-D tensor (NumPy's even-count convention), as a 0-d tensor.
+
+    One O(n) selection for the lower middle value; the upper one, when the count is
+    even, is that value again if it is repeated there, otherwise the smallest larger
+    value (a masked minimum, cheaper than a second selection).
+    """
+    k = values.numel()
+    lo_v = torch.kthvalue(values, (k - 1) // 2 + 1).values
+    if k % 2:
+        return lo_v
+    if int((values <= lo_v).sum()) >= k // 2 + 1:
+        return lo_v
+    hi_v = torch.where(values > lo_v, values, torch.full((), math.inf, dtype=values.dtype, device=values.device)).min()
+    return (lo_v + hi_v) / 2
