@@ -15,6 +15,7 @@ valid names on a bad one.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -372,16 +373,19 @@ def get_trust(name: str) -> Callable[..., tuple[Tensor, int]]:
 
 @dataclass(frozen=True)
 class ValidTokens:
-    """The valid rows in the compute dtype with their segment layout, and the way back.
+    """The valid rows in the compute dtype with their ids, and the way back.
 
     Invalid rows are dropped up front (they enter no fit) and come back as zeros; when
-    every row is valid, selection and scatter are free.
+    every row is valid, selection and scatter are free.  The segment layout is built
+    on first use, so callers that split the rows by batch first never pay for it.
     """
 
     advantage: Tensor
     ratio: Tensor
     delta: Tensor
-    layout: Layout
+    batch_id: Tensor
+    traj_id: Tensor
+    turn_id: Tensor
     index: Tensor
     n_rows: int
     all_valid: bool
@@ -390,6 +394,10 @@ class ValidTokens:
     def n_valid(self) -> int:
         return self.n_rows if self.all_valid else int(self.index.numel())
 
+    @functools.cached_property
+    def layout(self) -> Layout:
+        return Layout.build(self.batch_id, self.traj_id, self.turn_id)
+
     @staticmethod
     def select(advantage: Tensor, ratio: Tensor, delta: Tensor, traj_id: Tensor, turn_id: Tensor,
                batch_id: Tensor | None, valid: Tensor | None) -> "ValidTokens":
@@ -397,7 +405,7 @@ class ValidTokens:
         n_rows, device = advantage.shape[0], advantage.device
         valid = torch.ones(n_rows, dtype=torch.bool, device=device) if valid is None else valid.to(torch.bool)
         if batch_id is None:
-            batch_id = torch.zeros(n_rows, dtype=torch.long, device=device)
+            batch_id = torch.zeros((), dtype=torch.long, device=device).expand(n_rows)
         all_valid = bool(valid.all())
         # with every row valid, selection and scatter are identities: no index is built
         idx = torch.empty(0, dtype=torch.long, device=device) if all_valid else torch.nonzero(valid).squeeze(1)
@@ -407,9 +415,22 @@ class ValidTokens:
 
         return ValidTokens(
             advantage=take(advantage).to(dtype), ratio=take(ratio).to(dtype), delta=take(delta).to(dtype),
-            layout=Layout.build(take(batch_id).long(), take(traj_id).long(), take(turn_id).long()),
+            batch_id=take(batch_id).long(), traj_id=take(traj_id).long(), turn_id=take(turn_id).long(),
             index=idx, n_rows=n_rows, all_valid=all_valid,
         )
+
+    def batch_runs(self) -> list[int] | None:
+        """Row counts of the batches when each batch is one contiguous run of rows
+        (dumps and trainer batches are sorted so); None for one batch or interleaved ones."""
+        if self.batch_id.numel() == 0 or self.batch_id.stride(0) == 0:
+            return None
+        lo, hi = torch.aminmax(self.batch_id)
+        if bool(lo == hi):
+            return None
+        values, counts = torch.unique_consecutive(self.batch_id, return_counts=True)
+        if torch.unique(values).numel() != values.numel():
+            return None
+        return counts.tolist()
 
     def scatter(self, x: Tensor) -> Tensor:
         """Rows of ``x`` (valid tokens, optionally with trailing dims) back to all rows, zeros elsewhere."""
@@ -455,8 +476,31 @@ def allocate(
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
     tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
-    a, r, d, lay = tok.advantage, tok.ratio, tok.delta, tok.layout
+    options = dict(spec=spec, trust_fn=trust_fn, trust_eta=trust_eta, trust_beta=trust_beta,
+                   influence_eta=influence_eta, eps=eps, min_group=min_group, seed=seed)
+    # Statistics never cross batches, so contiguous batches are allocated one at a time:
+    # a single batch takes the selection-based medians instead of segment sorts, and
+    # its temporaries stay small.  The permuted allocator keeps one random stream
+    # over the whole call (the bulk permutation controls reproduce it).
+    runs = tok.batch_runs() if spec.name != "permuted" else None
+    if runs is None:
+        parts = [_allocate_valid(tok.advantage, tok.ratio, tok.delta, tok.layout, **options)]
+    else:
+        parts = []
+        for a, r, d, b, tr, tu in zip(*(x.split(runs) for x in (tok.advantage, tok.ratio, tok.delta, tok.batch_id,
+                                                                  tok.traj_id, tok.turn_id))):
+            parts.append(_allocate_valid(a, r, d, Layout.build(b, tr, tu), **options))
+    outs = [p[0] for p in parts]
+    g, u, m, c, fallback = (torch.cat([o[k] for o in outs]) if len(outs) > 1 else outs[0][k] for k in range(5))
+    diag = _merge_diagnostics([p[1] for p in parts], n_fallback=int(fallback.sum()))
+    return Allocation(g=tok.scatter(g), u=tok.scatter(u), m=tok.scatter(m), c=tok.scatter(c),
+                      fallback=tok.scatter(fallback), diagnostics=diag)
 
+
+def _allocate_valid(a: Tensor, r: Tensor, d: Tensor, lay: Layout, *, spec: AllocatorSpec, trust_fn: Callable[..., tuple[Tensor, int]],
+                    trust_eta: float, trust_beta: float, influence_eta: float, eps: float, min_group: int,
+                    seed: int) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor, Tensor], AllocationDiagnostics]:
+    """The allocation of valid rows with their layout: (g, u, m, c, fallback) and diagnostics."""
     g, trust_fixed = trust_fn(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
     u = torch.mul(a, r).mul_(d)
     fallback = (a < 0) & (d < 0)
@@ -472,14 +516,13 @@ def allocate(
         )
         m = score.m
         c, degenerate, a_min, a_max = _match_turn_mass(g, m, fallback, lay, combine=spec.combine, eps=eps)
-
-    n_valid = tok.n_valid
+    n = int(a.numel())
     diag = AllocationDiagnostics(
-        n_tokens=n_valid,
+        n_tokens=n,
         n_batches=lay.n_batches,
         n_groups=lay.n_groups,
         n_turns=lay.n_turns,
-        fallback_share=float(fallback.sum()) / n_valid if n_valid else 0.0,
+        fallback_share=float(fallback.sum()) / n if n else 0.0,
         groups_batch_stats=score.groups_batch_stats,
         groups_fixed_map=score.groups_fixed_map,
         trust_fixed_map_batches=trust_fixed,
@@ -487,5 +530,26 @@ def allocate(
         alpha_min=a_min,
         alpha_max=a_max,
     )
-    return Allocation(g=tok.scatter(g), u=tok.scatter(u), m=tok.scatter(m), c=tok.scatter(c),
-                      fallback=tok.scatter(fallback), diagnostics=diag)
+    return (g, u, m, c, fallback), diag
+
+
+def _merge_diagnostics(parts: list[AllocationDiagnostics], *, n_fallback: int) -> AllocationDiagnostics:
+    """Diagnostics of batches allocated separately, as one call over all of them would report."""
+    if len(parts) == 1:
+        return parts[0]
+    n = sum(p.n_tokens for p in parts)
+    a_min = [p.alpha_min for p in parts if not math.isnan(p.alpha_min)]
+    a_max = [p.alpha_max for p in parts if not math.isnan(p.alpha_max)]
+    return AllocationDiagnostics(
+        n_tokens=n,
+        n_batches=sum(p.n_batches for p in parts),
+        n_groups=sum(p.n_groups for p in parts),
+        n_turns=sum(p.n_turns for p in parts),
+        fallback_share=n_fallback / n if n else 0.0,
+        groups_batch_stats=sum(p.groups_batch_stats for p in parts),
+        groups_fixed_map=sum(p.groups_fixed_map for p in parts),
+        trust_fixed_map_batches=sum(p.trust_fixed_map_batches for p in parts),
+        degenerate_turns=sum(p.degenerate_turns for p in parts),
+        alpha_min=min(a_min) if a_min else math.nan,
+        alpha_max=max(a_max) if a_max else math.nan,
+    )
