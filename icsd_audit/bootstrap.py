@@ -12,7 +12,8 @@ Two resampling units:
   turns are resampled with replacement *within each stratum* (batch), each stratum
   keeping its own number of turns.  The multiplicities of one stratum are exactly
   Multinomial(n_s, 1/n_s); they are drawn with a fast exact sampler (Poissonization
-  with an exact correction, see :mod:`icsd_audit.stats_resample` and ``docs/statistics.md``),
+  with an exact correction, four clusters per 16-bit lookup, clusters with all-zero sums
+  skipped exactly; see :mod:`icsd_audit.stats_resample` and ``docs/statistics.md``),
   processed in blocks of :data:`BLOCK` resamples, each block from its own child
   generator, so results do not depend on ``chunk_size`` (memory) nor on how many
   resamples share a chunk.
@@ -297,7 +298,7 @@ def cluster_bootstrap_ratio(
     chunk_size
         Resamples whose statistics are computed per step (rounded down to a multiple
         of :data:`BLOCK`, default 1024); never changes the result.  Working memory
-        is about 3 bytes per cluster per block of 16 resamples in flight.
+        is about 1 byte per cluster per block of 16 resamples in flight (plus a 2 MB tile per worker).
     workers
         Threads drawing blocks in parallel; never changes the result.
     keep_replicates

@@ -143,7 +143,8 @@ class DumpReader:
                 ids = pf.read_row_group(gi, columns=["batch_id"]).column(0).to_numpy()
                 group_no = len(self._groups)
                 self._groups.append(_Group(fi, gi, n, offset, total))
-                for b in np.unique(ids).tolist():
+                # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
+                for b in np.unique(ids, return_counts=True)[0].tolist():
                     self._batches.setdefault(int(b), []).append(group_no)
                 offset += n
                 total += n
@@ -186,8 +187,14 @@ class DumpReader:
             for gno in gnos:
                 grp = self._groups[gno]
                 table = self._load(gno)
-                sel = np.flatnonzero(table.column("batch_id").to_numpy() == b)
-                parts.append(table.take(pa.array(sel)))
+                ids = table.column("batch_id").to_numpy()
+                if ids[0] == b and ids[-1] == b and (ids == b).all():
+                    # the whole row group (the usual case): no copy, and no pyarrow.compute import
+                    sel = np.arange(table.num_rows)
+                    parts.append(table)
+                else:
+                    sel = np.flatnonzero(ids == b)
+                    parts.append(table.take(pa.array(sel)))
                 fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
                 frow.append(grp.file_offset + sel)
                 grow.append(grp.global_offset + sel)

@@ -418,7 +418,7 @@ class _Ctx:
             compare_name=acc.compare_name,
             n_tokens=int(ntok[sel].sum()),
             n_turns=int(sel.sum()),
-            n_batches=int(np.unique(batch[sel]).size),
+            n_batches=int(np.unique(batch[sel], return_counts=True)[0].size),  # (skips a numpy.ma import)
             n_resamples=raw.n_resamples,
             confidence_level=raw.confidence_level,
             unit=unit,

@@ -7,28 +7,38 @@ them costs two slow passes per element; here they come from *Poissonization with
 an exact correction*:
 
 1. iid Poisson(lambda) counts per cluster, lambda = 1 - 3 / sqrt(2**floor(log2 n_s)),
-   by table lookup on 16-bit uniforms (buckets that straddle a CDF step are decided
-   by a uniform double inside the bucket, so the draw is exact to double precision);
+   :data:`TUPLE` clusters at a time by table lookup on one 16-bit uniform (the
+   lexicographic inverse CDF of the tuple; buckets that straddle a CDF step are
+   decided by a uniform double inside the bucket, so the draw is exact to double
+   precision);
 2. given their total M, Poisson counts are Multinomial(M, uniform): adding n_s - M
    further uniform draws gives exactly Multinomial(n_s, uniform);
 3. where M > n_s (probability about Phi(-3)) the stratum is redrawn directly.
 
+Clusters whose sums are all zero are dropped first: the kept k of a stratum receive
+a Binomial(n_s, k / n_s) number of draws (:func:`_drop_zero_rows`).
+
 Resamples come in blocks of :data:`BLOCK`, each drawn from its own child generator
 (SFC64, seeded from the caller's generator through a SeedSequence), so results do not
 depend on memory chunking or on the number of worker threads, and the first R
-resamples do not depend on how many are drawn in total.
+resamples do not depend on how many are drawn in total.  Each worker thread reuses
+one counts buffer (1 byte per cluster and resample of a block) and one float64 tile.
 
 Pure numpy.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK", "resampled_sums", "batch_resampled_sums", "check_rng"]
+from .stats_blas import BlasThreads
+
+__all__ = ["BLOCK", "TUPLE", "resampled_sums", "batch_resampled_sums", "check_rng"]
 
 #: resamples per random block; part of the definition of the random stream
 #: (changing it changes the resamples drawn for a given seed)
@@ -36,10 +46,14 @@ BLOCK = 16
 
 _TABLE_BITS = 16
 _TABLE_SIZE = 1 << _TABLE_BITS
-_FLAG = 64  # table entries >= _FLAG mark buckets that straddle a CDF step
+#: clusters per 16-bit lookup (their Poisson counts packed one byte each); part of
+#: the definition of the random stream
+TUPLE = 4
+_CODE = np.dtype(f"=i{TUPLE}")
+_FLAG = np.iinfo(_CODE).min  # sign bit: marks a bucket that straddles a CDF step
 _SLACK = 3.0  # Poisson rate lambda = 1 - _SLACK / sqrt(2**floor(log2 n))
-_TAKE_COLS = 1 << 16  # column tile of the table lookup (bounds the intp temporary)
-_GEMM_ELEMENTS = 1 << 19  # float64 counts converted per matrix product (~4 MB)
+_TAKE_ELEMENTS = 1 << 16  # lookups per tile (keeps the intp temporary of np.take in cache)
+_GEMM_ELEMENTS = 1 << 18  # float64 counts converted per matrix product (2 MB buffer, reused)
 
 
 def check_rng(rng: Any) -> np.random.Generator:
@@ -75,34 +89,69 @@ def _poisson_cdf(lam: float) -> np.ndarray:
     return out
 
 
-class _PoissonLevels:
-    """Lookup tables of the Poisson(lambda) inverse CDF on 16-bit buckets.
+class _Level:
+    """Inverse-CDF lookup of :data:`TUPLE` iid Poisson(lambda) counts from one 16-bit uniform.
 
-    Stratum size n uses level k = floor(log2 n) with lambda = 1 - 3 / 2**(k/2)
-    (level 0, lambda = 0, for n < 16).  A bucket b covers u in [b, b+1) / 2**16; the
-    table holds the Poisson quantile where it is constant on the bucket, otherwise
-    the smaller candidate plus :data:`_FLAG` (then a uniform double inside the bucket
-    decides, so the draw is exact to double precision).
+    The tuples (c_1, ..., c_T), each c_j in 0..K-1, are ordered lexicographically; their
+    CDF is F(c_1 - 1) + p(c_1) (F(c_2 - 1) + p(c_2) (...)) (a few roundings, made
+    monotone), so the tuple at u is the nested 1-D inverse CDF and its counts are
+    exactly iid Poisson(lambda) (to double precision).  A bucket b covers u in
+    [b, b+1) / 2**16; ``table[b]`` holds the tuple's counts packed one byte each
+    (memory order = cluster order; every count is below 64, so a code is positive)
+    where the tuple is constant on the bucket, otherwise it is negative (the sign bit
+    :data:`_FLAG` set) and a uniform double inside the bucket decides (:meth:`resolve`).
     """
 
-    def __init__(self, sizes: np.ndarray):
-        sizes = np.asarray(sizes, dtype=np.int64)
-        k = np.where(sizes >= 16, np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64), 0)
-        self.level_of_stratum = k
-        self.tables: dict[int, np.ndarray] = {}
-        self.cdfs: dict[int, np.ndarray] = {}
-        lo_edge = np.arange(_TABLE_SIZE, dtype=np.float64) / _TABLE_SIZE
-        hi_edge = (np.arange(_TABLE_SIZE, dtype=np.float64) + 1) / _TABLE_SIZE
-        for level in np.unique(k).tolist():
-            lam = 0.0 if level == 0 else 1.0 - _SLACK * 2.0 ** (-level / 2.0)
-            cdf = _poisson_cdf(lam)
-            klo = np.searchsorted(cdf, lo_edge, side="right")
-            khi = np.searchsorted(cdf, hi_edge, side="left")
-            table = np.where(klo == khi, klo, klo + _FLAG)
-            if table.max() > 127:  # pragma: no cover - lambda <= 1 keeps quantiles tiny
-                raise RuntimeError("Poisson table overflow")
-            self.tables[level] = table.astype(np.int8)
-            self.cdfs[level] = cdf
+    def __init__(self, level: int):
+        lam = 0.0 if level == 0 else 1.0 - _SLACK * 2.0 ** (-level / 2.0)
+        F = _poisson_cdf(lam)
+        k = len(F)
+        p = np.diff(np.concatenate([[0.0], F]))
+        below = np.concatenate([[0.0], F[:-1]])
+        cdf = F
+        for _ in range(TUPLE - 1):  # prepend one leading count per step
+            cdf = (below[:, None] + p[:, None] * cdf[None, :]).reshape(-1)
+        cdf = np.minimum(np.maximum.accumulate(cdf), 1.0)
+        cdf[-1] = 1.0
+        digits = np.arange(k**TUPLE)[:, None] // (k ** np.arange(TUPLE - 1, -1, -1))[None, :] % k
+        # tuples of zero width (a repeated CDF value) are never drawn: keep the others
+        keep = np.flatnonzero(np.diff(np.concatenate([[0.0], cdf])) > 0)
+        self.codes = np.ascontiguousarray(digits[keep].astype(np.uint8)).view(_CODE).reshape(-1)
+        self.cdf = cdf = cdf[keep]
+        lo = np.searchsorted(cdf, np.arange(_TABLE_SIZE, dtype=np.float64) / _TABLE_SIZE, side="right")
+        hi = np.searchsorted(cdf, (np.arange(_TABLE_SIZE, dtype=np.float64) + 1) / _TABLE_SIZE, side="left")
+        if int(digits.max(initial=0)) >= 64:  # pragma: no cover - lambda <= 1 keeps counts tiny
+            raise RuntimeError("Poisson table overflow")
+        table = self.codes[np.minimum(lo, cdf.size - 1)]
+        self.table = np.where(lo == hi, table, table | _FLAG).astype(_CODE)
+        # candidates of a straddling bucket: tuples lo .. lo + width
+        self.lo = lo.astype(np.int32)
+        self.width = np.minimum(hi - lo, 127).astype(np.int8)
+
+    def resolve(self, bucket: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Packed counts of the tuples at u = (bucket + v) / 2**16 (``v`` doubles in [0, 1)).
+
+        A bucket straddling one CDF step (most) needs one comparison; wider ones a
+        binary search.
+        """
+        x = (bucket + v) / _TABLE_SIZE
+        i = self.lo[bucket].astype(np.int64)
+        i += self.cdf[i] <= x
+        wide = np.flatnonzero(self.width[bucket] > 1)
+        if wide.size:
+            i[wide] = np.searchsorted(self.cdf, x[wide], side="right")
+        return self.codes[np.minimum(i, len(self.codes) - 1)]
+
+
+@functools.cache
+def _level(level: int) -> _Level:
+    return _Level(level)
+
+
+def _levels(sizes: np.ndarray) -> np.ndarray:
+    """Poisson level of each stratum size: floor(log2 n), 0 (lambda = 0) below 16."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return np.where(sizes >= 16, np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64), 0)
 
 
 def _level_segments(starts: np.ndarray, sizes: np.ndarray, levels: np.ndarray) -> list[tuple[int, int, int]]:
@@ -116,68 +165,119 @@ def _level_segments(starts: np.ndarray, sizes: np.ndarray, levels: np.ndarray) -
     return out
 
 
-def _block_counts(
-    gen: np.random.Generator,
-    out: np.ndarray,
-    starts: np.ndarray,
-    sizes: np.ndarray,
-    segments: list[tuple[int, int, int]],
-    pl: _PoissonLevels,
-    level_of_col: np.ndarray | None,
-) -> None:
-    """Fill ``out`` (BLOCK x N, int8) with exact stratified multinomial multiplicities.
+class _Layout:
+    """Column layout of the counts: each level run padded to a multiple of :data:`TUPLE`.
+
+    A lookup fills TUPLE adjacent columns of one level; the padding columns get
+    counts too (discarded: set to 0, and their rows of the sums are 0), so every
+    cluster's count stays iid Poisson.
+    """
+
+    def __init__(self, sizes: np.ndarray, totals: np.ndarray | None = None):
+        self.sizes = sizes
+        self.totals = totals  # draws per stratum where they exceed its clusters (zero rows dropped)
+        levels = _levels(sizes)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        segs = _level_segments(starts, sizes, levels)
+        shift = np.zeros(len(sizes), dtype=np.int64)
+        self.col = np.empty(int(sizes.sum()), dtype=np.int64)  # padded column of each cluster
+        self.segments: list[tuple[int, int, int]] = []  # (first lookup, stop lookup, level)
+        pads: list[np.ndarray] = []
+        pad, s0 = 0, 0
+        for a, b, lv in segs:
+            n_strata = int(np.searchsorted(starts, b, side="left")) - s0
+            shift[s0 : s0 + n_strata] = pad
+            self.col[a:b] = np.arange(a, b) + pad
+            width = -(-(b - a) // TUPLE) * TUPLE
+            self.segments.append(((a + pad) // TUPLE, (a + pad + width) // TUPLE, lv))
+            pads.append(np.arange(b + pad, a + pad + width))
+            pad += width - (b - a)
+            s0 += n_strata
+        self.starts = starts + shift
+        self.n = int(sizes.sum()) + pad
+        self.dummy = np.concatenate(pads).astype(np.int64)
+        self.levels = {lv: _level(lv) for _, _, lv in self.segments}
+
+
+def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: _Layout) -> None:
+    """Fill ``out`` (BLOCK x padded columns, int8) with exact stratified multinomial counts.
 
     For each row and stratum s (columns starts[s]:starts[s]+n_s) the multiplicities
     are Multinomial(n_s, uniform).  Drawn by Poissonization: iid Poisson(lambda)
-    counts (table lookup), which given their total M are Multinomial(M, uniform);
-    then n_s - M further uniform draws are added, and where M > n_s (probability
-    about Phi(-3)) the row's stratum is redrawn directly.  Random stream of the block,
-    in order: 16-bit uniforms (rows x N, row-major), doubles for flagged buckets,
-    the added uniform draws (row-major over (row, stratum)), the redrawn strata.
+    counts (:class:`_Level`, TUPLE per 16-bit uniform), which given their total M are
+    Multinomial(M, uniform); then n_s - M further uniform draws are added, and where
+    M > n_s (probability about Phi(-3)) the row's stratum is redrawn directly.
+    Random stream of the block, in order: 16-bit uniforms chunk by chunk (one level:
+    row-major over rows x lookups; several: column tiles of :data:`_TAKE_ELEMENTS` //
+    rows lookups within each level run, row-major inside a tile), doubles for the
+    flagged buckets (in that order), the added uniform draws
+    (row-major over (row, stratum)), the redrawn strata.  Tiles keep every temporary
+    small: no page faults, and the table lookups stay in cache.
     """
     rows, n_cols = out.shape
-    n_u16 = rows * n_cols
-    raw = gen.bit_generator.random_raw((n_u16 + 3) // 4)
-    u16 = raw.view(np.uint16)[:n_u16].reshape(rows, n_cols)
-    if len(segments) == 1 and n_cols <= _TAKE_COLS:
-        out[...] = np.take(pl.tables[segments[0][2]], u16)  # (faster than take(out=))
-    else:
-        for a, b, lv in segments:
-            table = pl.tables[lv]
-            for c0 in range(a, b, _TAKE_COLS):
-                c1 = min(b, c0 + _TAKE_COLS)
-                out[:, c0:c1] = np.take(table, u16[:, c0:c1])
-    flat = out.reshape(-1)
-    # buckets straddling a CDF step: decide with a double inside the bucket
-    pos = np.flatnonzero(flat >= _FLAG)
-    if pos.size:
-        v = gen.random(pos.size)
-        bucket = u16.reshape(-1)[pos].astype(np.float64)
-        x = (bucket + v) / _TABLE_SIZE
-        col = pos % n_cols
-        lv_pos = level_of_col[col] if level_of_col is not None else np.full(pos.size, segments[0][2])
-        res = np.empty(pos.size, dtype=np.int8)
-        for lv in np.unique(lv_pos).tolist():
-            sel = lv_pos == lv
-            cdf = pl.cdfs[lv]
-            res[sel] = np.minimum(np.searchsorted(cdf, x[sel], side="right"), len(cdf) - 1)
-        flat[pos] = res
-    # totals per (row, stratum) and the exact correction to n_s
+    sizes, starts = lay.sizes, lay.starts
+    if lay.totals is None:
+        want = np.broadcast_to(sizes[None, :], (rows, sizes.size))
+    else:  # draws landing on the kept clusters: Binomial(total, kept / total)
+        want = gen.binomial(lay.totals, sizes / lay.totals, size=(rows, sizes.size))
+    packed = out.view(_CODE)  # (rows, lookups)
+    n_look = packed.shape[1]
+    flat = packed.reshape(-1)
+    flagged: list[tuple[np.ndarray, np.ndarray, int]] = []  # (flat position, bucket, level)
+    bitgen = gen.bit_generator
+    if len(lay.segments) == 1:  # one level: row-major chunks, looked up in place
+        lv = lay.segments[0][2]
+        table = lay.levels[lv].table
+        for f0 in range(0, flat.size, _TAKE_ELEMENTS):
+            w = min(flat.size, f0 + _TAKE_ELEMENTS) - f0
+            u = bitgen.random_raw((w + 3) // 4).view(np.uint16)[:w]
+            dst = flat[f0 : f0 + w]
+            np.take(table, u, out=dst, mode="clip")  # (mode="raise" would buffer out)
+            fl = np.flatnonzero(dst < 0)  # buckets straddling a CDF step
+            if fl.size:
+                flagged.append((fl + f0, u[fl], lv))
+    else:  # column tiles within each level run, row-major inside a tile
+        width = max(1, _TAKE_ELEMENTS // rows)
+        for a, b, lv in lay.segments:
+            table = lay.levels[lv].table
+            for c0 in range(a, b, width):
+                w = min(b, c0 + width) - c0
+                u = bitgen.random_raw((rows * w + 3) // 4).view(np.uint16)[: rows * w]
+                codes = np.take(table, u)
+                fl = np.flatnonzero(codes < 0)
+                if fl.size:
+                    flagged.append(((fl // w) * n_look + fl % w + c0, u[fl], lv))
+                packed[:, c0 : c0 + w] = codes.reshape(rows, w)
+    if flagged:  # decide flagged buckets with a double inside the bucket
+        pos, bucket = (np.concatenate([f[i] for f in flagged]) for i in range(2))
+        v = gen.random(bucket.size)
+        if len(lay.levels) == 1:
+            flat[pos] = lay.levels[flagged[0][2]].resolve(bucket, v)
+        else:
+            lv_of = np.concatenate([np.full(f[0].size, f[2]) for f in flagged])
+            for lv in np.unique(lv_of).tolist():
+                sel = np.flatnonzero(lv_of == lv)
+                flat[pos[sel]] = lay.levels[lv].resolve(bucket[sel], v[sel])
+    if lay.dummy.size:
+        out[:, lay.dummy] = 0
+    # totals per (row, stratum) and the exact correction to the wanted number of draws
     m = np.add.reduceat(out, starts, axis=1, dtype=np.int32)
-    short = sizes[None, :] - m  # (rows, strata)
-    add = np.where(short > 0, short, 0).reshape(-1)
+    short = want - m  # (rows, strata)
+    add = np.maximum(short, 0).reshape(-1)
     total = int(add.sum())
     if total:
-        n_strata = len(sizes)
-        pair = np.repeat(np.arange(add.size), add)
-        s_of = pair % n_strata
+        # per (row, stratum): flat offset of the stratum's first column, and its size
+        base = (np.arange(rows, dtype=np.int64)[:, None] * n_cols + starts[None, :]).reshape(-1)
+        size_of = np.broadcast_to(sizes[None, :], short.shape).reshape(-1)
         # uniform in 0..n_s-1: floor(U * n_s), U a double (bias below n_s / 2**53)
-        idx = (gen.random(total) * sizes[s_of]).astype(np.int64)
-        np.add.at(flat, (pair // n_strata) * n_cols + starts[s_of] + idx, np.ones(total, dtype=np.int8))
+        u = gen.random(total)
+        u *= np.repeat(size_of, add)
+        target = np.repeat(base, add) + u.astype(np.int64)
+        np.add.at(out.reshape(-1), target, np.int8(1))  # (a Python int 1 takes a slow path)
     over = np.argwhere(short < 0)  # row-major order
     for r, s in over.tolist():
         a, n = int(starts[s]), int(sizes[s])
-        draws = gen.integers(0, n, size=n)
+        draws = gen.integers(0, n, size=int(want[r, s]))
         out[r, a : a + n] = np.bincount(draws, minlength=n).astype(np.int8)
 
 
@@ -185,77 +285,21 @@ def _block_generator(seed_seq: np.random.SeedSequence, b: int) -> np.random.Gene
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence(seed_seq.entropy, spawn_key=(b,))))
 
 
-class _BlasThreads:
-    """Pin OpenBLAS (as loaded by NumPy) to a number of threads, restoring it after.
-
-    The resampled sums are many thin products (16 x n) @ (n x K); multi-threaded
-    OpenBLAS spends more on synchronisation than on them (and collapses on a busy
-    machine), while one thread runs them at memory speed.  A no-op where the
-    library cannot be found.
-    """
-
-    _lib: Any = None
-    _looked = False
-
-    @classmethod
-    def _find(cls) -> Any:
-        if not cls._looked:
-            cls._looked = True
-            try:
-                import ctypes
-                import glob
-                import os
-
-                base = os.path.dirname(np.__file__)
-                cands = []
-                for d in (os.path.join(base, os.pardir, "numpy.libs"), os.path.join(base, ".dylibs"), base):
-                    cands += glob.glob(os.path.join(d, "*openblas*"))
-                for path in cands:
-                    lib = ctypes.CDLL(path)
-                    for suffix in ("scipy_openblas_{}_num_threads64_", "openblas_{}_num_threads64_", "openblas_{}_num_threads"):
-                        get, set_ = suffix.format("get"), suffix.format("set")
-                        if hasattr(lib, get) and hasattr(lib, set_):
-                            getf, setf = getattr(lib, get), getattr(lib, set_)
-                            getf.restype = ctypes.c_int
-                            cls._lib = (getf, setf)
-                            return cls._lib
-            except Exception:  # pragma: no cover - platform dependent
-                cls._lib = None
-        return cls._lib
-
-    def __init__(self, n: int = 1):
-        self.n = n
-        self.saved: int | None = None
-
-    def __enter__(self) -> "_BlasThreads":
-        lib = self._find()
-        if lib is not None:
-            try:
-                self.saved = int(lib[0]())
-                lib[1](self.n)
-            except Exception:  # pragma: no cover
-                self.saved = None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        lib = self._find()
-        if lib is not None and self.saved is not None:
-            lib[1](self.saved)
-
-
 class _Engine:
     """Per-block resampled group sums for a sorted cluster table."""
 
-    def __init__(self, S: np.ndarray, sizes: np.ndarray, sgroup: np.ndarray, n_groups: int, seed_seq: np.random.SeedSequence):
-        self.S = S
-        self.n, self.k = S.shape
-        self.sizes = sizes
-        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        self.pl = _PoissonLevels(sizes)
-        self.segments = _level_segments(self.starts, sizes, self.pl.level_of_stratum)
-        self.level_of_col = None if len(self.segments) == 1 else np.repeat(self.pl.level_of_stratum, sizes)
+    def __init__(self, S: np.ndarray, sizes: np.ndarray, sgroup: np.ndarray, n_groups: int,
+                 seed_seq: np.random.SeedSequence, totals: np.ndarray | None = None):
+        self.lay = _Layout(sizes, totals)
+        self.n, self.k = self.lay.n, S.shape[1]
+        if self.n == S.shape[0]:
+            self.S = S
+        else:  # zero rows at the padding columns
+            self.S = np.zeros((self.n, self.k), dtype=np.float64)
+            self.S[self.lay.col] = S
         self.n_groups = n_groups
         self.seed_seq = seed_seq
+        starts = self.lay.starts
         gstart = np.zeros(n_groups, np.int64)
         gstop = np.zeros(n_groups, np.int64)
         first = np.full(n_groups, -1)
@@ -263,22 +307,36 @@ class _Engine:
             g = int(sgroup[s])
             if first[g] < 0:
                 first[g] = s
-                gstart[g] = self.starts[s]
-            gstop[g] = self.starts[s] + sizes[s]
+                gstart[g] = starts[s]
+            gstop[g] = starts[s] + sizes[s]
         self.gstart, self.gstop = gstart, gstop
         # many narrow groups: one segment sum per tile instead of one product per group
         self.narrow = n_groups > 8 and self.n / n_groups < 256
         self.col_tile = max(256, _GEMM_ELEMENTS // (BLOCK * (self.k if self.narrow else 1)))
+        self._local = threading.local()
+
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's counts and float64 tile, reused block after block.
+
+        Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
+        advice on arrays of 4 MB or more can stall the fault on compaction).
+        """
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = (np.empty((BLOCK, self.n), dtype=np.int8),
+                                     np.empty((BLOCK, min(self.n, self.col_tile)), dtype=np.float64))
+        return buf
 
     def block(self, b: int) -> np.ndarray:
         gen = _block_generator(self.seed_seq, b)
-        counts = np.empty((BLOCK, self.n), dtype=np.int8)
-        _block_counts(gen, counts, self.starts, self.sizes, self.segments, self.pl, self.level_of_col)
+        counts, cbuf = self._buffers()
+        _block_counts(gen, counts, self.lay)
         T = np.zeros((BLOCK, self.n_groups, self.k), dtype=np.float64)
         S = self.S
         for c0 in range(0, self.n, self.col_tile):
             c1 = min(self.n, c0 + self.col_tile)
-            cf = counts[:, c0:c1].astype(np.float64)
+            cf = cbuf[:, : c1 - c0]
+            np.copyto(cf, counts[:, c0:c1], casting="unsafe")
             # the groups meeting columns c0..c1 (groups are contiguous, in order)
             g_lo = int(np.searchsorted(self.gstop, c0, side="right"))
             g_hi = int(np.searchsorted(self.gstart, c1, side="left"))
@@ -291,6 +349,27 @@ class _Engine:
                     a, z = max(c0, int(self.gstart[g])), min(c1, int(self.gstop[g]))
                     T[:, g, :] += cf[:, a - c0 : z - c0] @ S[a:z]
         return T
+
+
+def _drop_zero_rows(S: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Clusters whose sums are all 0, dropped (each stratum keeps at least one cluster).
+
+    They add nothing to any resampled sum, only their multiplicities matter, and
+    those are not needed: of Multinomial(n_s, uniform) counts, the ones on a subset of
+    k clusters are exactly Multinomial(N, uniform over the k) with N ~ Binomial(n_s,
+    k / n_s).  So the kept clusters are resampled with a Binomial number of draws,
+    saving work in proportion (turns without active tokens are common: zero advantage).
+    Returns the kept rows, clusters per stratum, and the draws per stratum (None when
+    nothing was dropped).
+    """
+    zero = ~(S != 0).any(axis=1)
+    if not zero.any():
+        return S, sizes, None
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    keep = ~zero
+    keep[starts[np.add.reduceat(keep, starts, dtype=np.int64) == 0]] = True  # an all-zero stratum keeps its first
+    kept = np.add.reduceat(keep, starts, dtype=np.int64)
+    return np.ascontiguousarray(S[keep]), kept, sizes
 
 
 def resampled_sums(
@@ -313,7 +392,7 @@ def resampled_sums(
     group, for resamples r0..r1-1.  Resamples come in blocks of :data:`BLOCK`, each
     from its own child generator, so neither ``chunk_size`` (resamples per yielded
     chunk) nor ``workers`` (threads over blocks) changes any value.  Working memory
-    is about 3 bytes per cluster per block in flight.
+    is about 1 byte per cluster per block in flight, plus a 2 MB tile per worker.
     """
     gen0 = check_rng(rng)
     S = np.ascontiguousarray(sums, dtype=np.float64)
@@ -325,7 +404,8 @@ def resampled_sums(
     if len(sgroup) != len(sizes) or (np.diff(sgroup) < 0).any() or (sgroup < 0).any() or (sgroup >= n_groups).any():
         raise ValueError("strata must be sorted by group, with group codes in 0..n_groups-1")
     seed_seq = np.random.SeedSequence(gen0.integers(0, 2**63, size=4).tolist())
-    eng = _Engine(S, sizes, sgroup, n_groups, seed_seq)
+    S, kept, totals = _drop_zero_rows(S, sizes)
+    eng = _Engine(S, kept, sgroup, n_groups, seed_seq, totals)
     n_blocks = -(-n_resamples // BLOCK)
     per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // BLOCK)
     workers = max(1, int(workers))
@@ -335,7 +415,7 @@ def resampled_sums(
 
         pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        with _BlasThreads(1):
+        with BlasThreads(1):
             for b0 in range(0, n_blocks, per_chunk):
                 blocks = range(b0, min(n_blocks, b0 + per_chunk))
                 parts = list(pool.map(eng.block, blocks)) if pool is not None else [eng.block(b) for b in blocks]

@@ -111,7 +111,8 @@ class ClusterIndex:
         change = np.flatnonzero(code[1:] != code[:-1]) + 1
         starts = np.concatenate([[0], change]).astype(np.int64)
         run_keys = code[starts]
-        if np.unique(run_keys).size == run_keys.size:
+        srt = np.sort(run_keys)  # (a sort, not np.unique: that lazily imports numpy.ma)
+        if (srt[1:] != srt[:-1]).all():
             self.starts = starts
             self.inv = None
             self.first = starts

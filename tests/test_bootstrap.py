@@ -65,6 +65,73 @@ def test_many_narrow_groups_sum_only_their_own_clusters():
         assert (T[:, g, 20 * g + 10 : 20 * g + 20].sum(axis=1) == 10).all()
 
 
+@pytest.mark.parametrize("level", [0, 4, 13])
+def test_tuple_lookup_is_the_nested_poisson_inverse_cdf(level):
+    # one 16-bit bucket (+ a double where it straddles a step) gives TUPLE Poisson counts:
+    # compare with the inverse CDF taken coordinate by coordinate (scipy's Poisson CDF)
+    from icsd_audit.stats_resample import TUPLE, _level
+
+    lv = _level(level)
+    lam = 0.0 if level == 0 else 1 - 3 * 2 ** (-level / 2)
+    rng = np.random.default_rng(level)
+    bucket = rng.integers(0, 2**16, 3000)
+    v = rng.random(3000)
+    code = lv.table[bucket]
+    flagged = code < 0
+    code[flagged] = lv.resolve(bucket[flagged], v[flagged])
+    got = code.view(np.uint8).reshape(-1, TUPLE)
+    u = (bucket + v) / 2**16
+    cdf = sps.poisson.cdf(np.arange(40), lam).tolist()
+    pmf = sps.poisson.pmf(np.arange(40), lam).tolist()
+    for i in range(3000):
+        x, want = u[i], []
+        for _ in range(TUPLE):
+            c = 0
+            while cdf[c] <= x:
+                c += 1
+            want.append(c)
+            x = (x - (cdf[c - 1] if c else 0.0)) / pmf[c]
+        assert list(got[i]) == want, (i, u[i], got[i], want)
+
+
+def test_all_zero_clusters_are_skipped_exactly():
+    # stratum 0: 10 of 40 clusters carry sums; stratum 1: all 25 zero; stratum 2: none zero.
+    # Counts on a subset of k clusters of Multinomial(n, 1/n) are Multinomial(N, 1/k)
+    # with N ~ Binomial(n, k/n): check N, one cluster's marginal, and the zero columns.
+    sizes = [40, 25, 30]
+    n = 95
+    nz = np.zeros(n, bool)
+    nz[[0, 3, 5, 7, 11, 13, 17, 19, 23, 39]] = True
+    nz[65:] = True
+    S = np.zeros((n, n))
+    S[np.flatnonzero(nz), np.flatnonzero(nz)] = 1.0
+    R = 6000
+    C = np.concatenate([T[:, 0, :] for _, _, T in resampled_sums(S, sizes, [0, 0, 0], 1, R, rng=5)])
+    assert (C[:, ~nz] == 0).all() and (C[:, 65:].sum(axis=1) == 30).all()
+    assert C.min() >= 0 and np.array_equal(C, np.round(C))
+    for col, trials, p in ((C[:, :40].sum(axis=1), 40, 0.25), (C[:, 0], 40, 1 / 40)):
+        k = np.arange(trials + 1)
+        pmf = sps.binom.pmf(k, trials, p)
+        keep = pmf * R > 5
+        obs = np.bincount(col.astype(int), minlength=trials + 1)[: trials + 1]
+        exp = pmf[keep] * R
+        rest_obs, rest_exp = R - obs[keep].sum(), R - exp.sum()
+        chi = (((obs[keep] - exp) ** 2) / exp).sum() + (rest_obs - rest_exp) ** 2 / max(rest_exp, 1e-9)
+        assert sps.chi2.sf(chi, keep.sum()) > 1e-4, (trials, p, chi)
+
+
+def test_zero_clusters_do_not_break_chunk_invariance():
+    rng = np.random.default_rng(7)
+    num = rng.random((2000, 2)) * (rng.random((2000, 1)) < 0.7)  # 30% of turns carry nothing
+    den = num + rng.random((2000, 2)) * (num > 0)
+    strata = rng.integers(0, 3, 2000)
+    kw = dict(strata=strata, n_resamples=300, rng=3, keep_replicates=True)
+    ref = cluster_bootstrap_ratio(num, den, **kw)
+    for chunk, workers in [(BLOCK, 1), (5 * BLOCK, 2)]:
+        assert np.array_equal(cluster_bootstrap_ratio(num, den, chunk_size=chunk, workers=workers, **kw).replicates,
+                              ref.replicates)
+
+
 def test_counts_covariance_is_multinomial():
     n = 64
     C = counts_matrix([n], 40000, seed=3)
