@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from icsd_audit.allocators import allocate
-from icsd_audit.synth import synth_tokens
+from icsd_audit.alloc.variants import allocate
+from icsd_audit.dumps.synth import synth_tokens
 
 
 def main() -> None:

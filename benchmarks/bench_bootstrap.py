@@ -3,7 +3,7 @@
 Synthesizes ~2.2M valid tokens in 4 batches (~40k action turns; turn-constant
 advantages, ICSD-like weights with turn mass matching), streams them batch by batch
 (synthesized one at a time, as a dump reader yields them) into
-:class:`icsd_audit.stats.AuditAccumulator`, and bootstraps 10,000 resamples.  Prints
+:class:`icsd_audit.stats.api.AuditAccumulator`, and bootstraps 10,000 resamples.  Prints
 wall times of the per-turn reduction and of the bootstrap, the peak memory traced by
 Python's allocator hooks (numpy arrays included) during the streamed audit, and the
 process's peak RSS.
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the traced-memory run")
     args = ap.parse_args()
 
-    from icsd_audit.stats import AuditAccumulator
+    from icsd_audit.stats.api import AuditAccumulator
 
     def batches():
         """The batches, synthesized one at a time (a dump reader's access pattern)."""

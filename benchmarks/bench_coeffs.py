@@ -19,10 +19,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from icsd_audit.audit import AllocatorOptions, compute_coefficients
-from icsd_audit.dump_writer import DumpWriter
-from icsd_audit.dumps import REQUIRED
-from icsd_audit.synth import synth_tokens
+from icsd_audit.alloc.options import AllocatorOptions
+
+from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.dumps.writer import DumpWriter
+from icsd_audit.dumps.reader import REQUIRED
+from icsd_audit.dumps.synth import synth_tokens
 
 
 def timed(fn, repeats: int) -> float:

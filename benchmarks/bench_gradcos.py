@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from icsd_audit.audit import AllocatorOptions
-from icsd_audit.dump_writer import write_table_atomic
-from icsd_audit.gradcos import run_gradcos
-from icsd_audit.synth import synth_tokens
+from icsd_audit.alloc.options import AllocatorOptions
+from icsd_audit.dumps.writer import write_table_atomic
+from icsd_audit.grads.cosines import run_gradcos
+from icsd_audit.dumps.synth import synth_tokens
 
 
 def main() -> None:

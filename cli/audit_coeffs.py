@@ -9,7 +9,7 @@ import typer
 
 from . import options as O
 from .common import handle_errors, set_threads, stderr_console
-from .main import audit_app
+from .apps import audit_app
 
 
 @audit_app.command("coeffs")
@@ -28,7 +28,8 @@ def coeffs(
 
     Example: icsd audit coeffs runs/dumps/ --out coeffs.parquet --allocator icsd
     """
-    from icsd_audit.audit import AllocatorOptions, compute_coefficients
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.dumps.coeffs import compute_coefficients
 
     set_threads()
     opts = AllocatorOptions(allocator=allocator, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)

@@ -11,7 +11,7 @@ import typer
 
 from . import options as O
 from .common import handle_errors, set_threads
-from .main import audit_app
+from .apps import audit_app
 
 
 @audit_app.command("gradcos")
@@ -34,8 +34,8 @@ def gradcos(
 
     Example: icsd audit gradcos runs/dumps --permutations 1000 --json
     """
-    from icsd_audit.audit import AllocatorOptions
-    from icsd_audit.gradcos import run_gradcos
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.grads.cosines import run_gradcos
 
     set_threads()
     opts = dict(trust=trust, seed=seed)

@@ -9,10 +9,10 @@ import typer
 
 from . import options as O
 from .common import handle_errors, set_threads, stderr_console
-from .main import audit_app
+from .apps import audit_app
 
 def _options(**kw: Any) -> Any:
-    from icsd_audit.report import ReportOptions
+    from icsd_audit.report.results import ReportOptions
 
     return ReportOptions(**kw)
 
@@ -41,7 +41,7 @@ def figures(
 
     Example: icsd audit figures runs/dumps/ --out figs/ --format png,pdf
     """
-    from icsd_audit.report import audit_dumps, write_figures
+    from icsd_audit.report.build import audit_dumps, write_figures
 
     set_threads()
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
@@ -69,7 +69,7 @@ def report(
 
     Example: icsd audit report runs/dumps/ --out audit/ --compare icsd --resamples 10000
     """
-    from icsd_audit.report import audit_dumps, write_report
+    from icsd_audit.report.build import audit_dumps, write_report
 
     set_threads()
     rep = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,

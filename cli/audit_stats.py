@@ -1,6 +1,6 @@
 """``icsd audit tcm | quadrants | shift | clip | landscape``: SPEC 6 statistics with bootstrap CIs.
 
-Each command is a few lines over :mod:`icsd_audit.audit_stats`.  Tables go to the
+Each command is a few lines over :mod:`icsd_audit.stats.run`.  Tables go to the
 terminal; ``--json`` prints exactly one JSON object on stdout and nothing else
 there; progress goes to stderr only when stderr is a terminal.
 """
@@ -16,13 +16,13 @@ import typer
 
 from . import options as O
 from .common import handle_errors, set_threads, stderr_console, thread_count
-from .main import audit_app
+from .apps import audit_app
 
 
 def _request(base: str, compare: str, trust: str, trust_beta: float, min_group: int, eps: float, seed: int,
              resamples: int, confidence: float, unit: str, by: Optional[str], **extra: Any) -> Any:
-    from icsd_audit.audit import AllocatorOptions
-    from icsd_audit.audit_stats import BY_COLUMNS, AuditRequest
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.stats.run import BY_COLUMNS, AuditRequest
 
     if by is not None and by not in BY_COLUMNS:
         raise ValueError(f"--by must be one of {', '.join(BY_COLUMNS)}, got {by!r}")
@@ -66,7 +66,7 @@ def _emit(name: str, payload: dict[str, Any], as_json: bool) -> None:
 
 
 def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
-    from icsd_audit.audit_stats import run_audit
+    from icsd_audit.stats.run import run_audit
 
     set_threads()
     # rich (about 40 ms of imports) only when a spinner will be shown
@@ -131,7 +131,7 @@ def landscape(
 
     Example: icsd audit landscape runs/dumps --grid 20 --json
     """
-    from icsd_audit.audit_stats import run_landscape
+    from icsd_audit.stats.run import run_landscape
 
     set_threads()
     req = _request(base, compare, trust, 5.0, 8, 1e-4, seed, 1, 0.95, "action-turn", None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .common import handle_errors, stderr_console
-from .main import app
+from .apps import app
 
 
 @app.command("synth")
@@ -25,8 +25,8 @@ def synth(
     """
     import numpy as np
 
-    from icsd_audit.dump_writer import DumpWriter
-    from icsd_audit.synth import synth_tokens
+    from icsd_audit.dumps.writer import DumpWriter
+    from icsd_audit.dumps.synth import synth_tokens
 
     cols = synth_tokens(tokens, seed=seed, n_batches=batches, step=step)
     writer = DumpWriter(out, producer={"name": "icsd synth", "seed": seed, "tokens": tokens}, synthetic=True)

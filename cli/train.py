@@ -8,7 +8,7 @@ from typing import Any, List, Mapping, Optional
 import typer
 
 from .common import handle_errors, stderr_console
-from .main import app
+from .apps import app
 
 
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
@@ -135,7 +135,7 @@ def eval_cmd(
     """
     import json
 
-    from icsd_audit.models import resolve_device, set_threads
+    from icsd_audit.train.models import resolve_device, set_threads
     from icsd_audit.train.eval import evaluate
     from icsd_audit.train.loop import _default_env_factory, load_policy, resolve_precision
     from icsd_audit.train.rollout import PromptBuilder

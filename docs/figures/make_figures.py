@@ -6,7 +6,7 @@ sign-region, landscape and share-shift figures come straight from the shipped
 four batches hold one training step and no gradient sketches, so the dynamics
 figure uses a 40-step synthetic run and the gradient figure 16 synthetic batches
 with a random dense ``grad`` column (Gaussian per-token vectors, k = 64): both are
-generated here with :func:`icsd_audit.synth.synth_tokens`, labelled synthetic, and
+generated here with :func:`icsd_audit.dumps.synth.synth_tokens`, labelled synthetic, and
 deleted afterwards.
 
 Run from the repository root:  python docs/figures/make_figures.py
@@ -21,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icsd_audit.dump_writer import DumpWriter
-from icsd_audit.figures import alignment_figure, dynamics_figure, landscape_figure, quadrant_figure, shift_figure
-from icsd_audit.figures.style import save_figure
-from icsd_audit.report import ReportOptions, audit_dumps
-from icsd_audit.synth import synth_tokens
+from icsd_audit.dumps.writer import DumpWriter
+from icsd_audit.report.figures import alignment_figure, dynamics_figure, landscape_figure, quadrant_figure, shift_figure
+from icsd_audit.report.figures.style import save_figure
+from icsd_audit.report.results import ReportOptions
+from icsd_audit.report.build import audit_dumps
+from icsd_audit.dumps.synth import synth_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "figures"

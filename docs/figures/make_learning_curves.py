@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from icsd_audit.figures.style import BASE_COLOR, COMPARE_COLOR, NEUTRAL_COLOR, TEXT_WIDTH, new_figure, paper_style, save_figure
+from icsd_audit.report.figures.style import BASE_COLOR, COMPARE_COLOR, NEUTRAL_COLOR, TEXT_WIDTH, new_figure, paper_style, save_figure
 
 PANELS = (
     ("rollout/success", "success rate"),

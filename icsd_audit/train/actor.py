@@ -52,8 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.allocators import Allocation, allocate
-from icsd_audit.sketch import GradientSketcher, SketchResult
+from icsd_audit.alloc.variants import Allocation, allocate
+from icsd_audit.grads.sketch import GradientSketcher, SketchResult
 from icsd_audit.train.logprobs import autocast_for, pack, response_logprobs, score_rows, split_rows
 from icsd_audit.train.sketching import response_sketch
 
@@ -144,7 +144,7 @@ class Distillation:
     enabled = True
 
     def __init__(self, *, allocator: str, trust: str, trust_beta: float, eps: float, min_group: int, seed: int, coef: float):
-        from icsd_audit.allocators import get_allocator
+        from icsd_audit.alloc.variants import get_allocator
 
         get_allocator(allocator)  # fail early with the list of valid names
         self.kwargs = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, eps=eps, min_group=min_group, seed=seed)

@@ -155,7 +155,7 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ distillation allocation
     allocator: str = "icsd"
-    """'none' (plain GRPO/GiGPO) or an allocator of icsd_audit.allocators: opsd, sdar, icsd, fisher, sign, influence-only, gaussian, permuted."""
+    """'none' (plain GRPO/GiGPO) or an allocator of icsd_audit.alloc.variants: opsd, sdar, icsd, fisher, sign, influence-only, gaussian, permuted."""
     trust: str = "laplace"
     """Base trust g: 'laplace' (paper), 'sigmoid' (SDAR's public code) or 'uniform'."""
     trust_beta: float = 5.0
@@ -255,7 +255,7 @@ class TrainConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> "TrainConfig":
         """Raise :class:`ConfigError` listing every problem with its fix; return self when fine."""
-        from icsd_audit.allocators import allocator_names, trust_names
+        from icsd_audit.alloc.variants import allocator_names, trust_names
 
         p: list[str] = []
 

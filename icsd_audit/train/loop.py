@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from icsd_audit.envs import TextEnv, make_env
-from icsd_audit.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
+from icsd_audit.train.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
 from icsd_audit.train.actor import Actor, StepData, make_distillation
 from icsd_audit.train.advantages import get_estimator
 from icsd_audit.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
@@ -329,7 +329,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
 
 def _dump_writer(cfg: TrainConfig, out: Path, start: int, sketcher: Any = None) -> Any:
     from icsd_audit import __version__
-    from icsd_audit.dump_writer import DumpWriter
+    from icsd_audit.dumps.writer import DumpWriter
 
     d = out / "dumps"
     for stale in d.glob("step*.parquet") if d.is_dir() else ():

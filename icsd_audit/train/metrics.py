@@ -71,11 +71,11 @@ def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = 1e-4) -> dict[str, f
     """TCM (SPEC 6) of one step's deployed tokens under the trust g and the coefficient c.
 
     Point estimates only (``icsd audit tcm`` adds bootstrap intervals); computed by
-    :func:`icsd_audit.stats.tcm` with one resample, so the definition lives in one place.
+    :func:`icsd_audit.stats.api.tcm` with one resample, so the definition lives in one place.
     """
     if not arrays or arrays.get("c") is None or np.asarray(arrays["c"]).size == 0:
         return {}
-    from icsd_audit.stats import tcm
+    from icsd_audit.stats.api import tcm
 
     a = {k: np.asarray(v) for k, v in arrays.items()}
     try:

@@ -168,7 +168,7 @@ def teacher_messages(
 
 def student_prompt_text(tokenizer: Any, ctx: TurnContext, *, history_window: int = 2, system: str | None = None) -> str:
     """The student's prompt rendered with the tokenizer's chat template (generation header included)."""
-    from icsd_audit.models import chat_prompt
+    from icsd_audit.train.models import chat_prompt
 
     return chat_prompt(tokenizer, student_messages(ctx, history_window=history_window, system=system))
 
@@ -188,7 +188,7 @@ def teacher_prompt_text(
     so ``teacher == skill_block(z) + student`` holds character for character.
     ``placement="user"``: the block opens the user message inside the chat template.
     """
-    from icsd_audit.models import chat_prompt
+    from icsd_audit.train.models import chat_prompt
 
     if placement == "prefix":
         return skill_block(skill_text) + student_prompt_text(

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from icsd_audit.envs import Observation, StepResult, TextEnv, parse_action
-from icsd_audit.models import chat_prompt
+from icsd_audit.train.models import chat_prompt
 from icsd_audit.train.advantages import TurnRecords, anchor_id
 from icsd_audit.train.logprobs import autocast_for
 from icsd_audit.train.prompts import HistoryEntry, TurnContext, build_messages, skill_block, student_messages

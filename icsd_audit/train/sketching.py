@@ -5,11 +5,11 @@ on the forward the trainer runs anyway, at the weights the mini-batch's gradient
 computed at (before its optimizer step).  The no-grad ratio pre-pass cannot serve:
 the output factors of the layers inside the last block need autograd.
 
-Per micro-batch, :class:`~icsd_audit.sketch.GradientSketcher` costs (see
+Per micro-batch, :class:`~icsd_audit.grads.sketch.GradientSketcher` costs (see
 docs/gradients.md for the derivation and docs/training.md for measured figures):
 
 * in the forward, one (tokens x d_in) @ (d_in x k) product per sketched layer;
-* in :meth:`~icsd_audit.sketch.GradientSketcher.collect`, on the response tokens only:
+* in :meth:`~icsd_audit.grads.sketch.GradientSketcher.collect`, on the response tokens only:
   one softmax over the vocabulary and the products with the head's output projection
   (k columns) and with W_head (d columns), then one ``torch.autograd.grad`` from the
   head's input back to the last block's o_proj/MLP outputs (position-wise layers
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from icsd_audit.sketch import GradientSketcher, SketchResult
+from icsd_audit.grads.sketch import GradientSketcher, SketchResult
 from icsd_audit.train.config import ConfigError
 from icsd_audit.train.logprobs import Packed
 

@@ -1,0 +1,66 @@
+"""Permutation controls in bulk: many ``permuted`` allocations from one calibration pass.
+
+The gradient-compatibility audit compares ICSD with the same scores shuffled
+among the C tokens of the batch, averaged over many shuffles.  Calling
+``allocate(allocator="permuted")`` per shuffle would refit trust and calibration
+every time; here they are fitted once, each shuffle is a scatter of the score
+vector, and turn mass matching runs for all shuffles at once as one segment sum
+over (shuffle, turn) ids.  Column j equals ``allocate(..., allocator="permuted",
+seed=seeds[j]).c`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from icsd_audit.alloc.variants import EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, _calibrated, get_trust, shuffle_pairs
+from icsd_audit.alloc.segments import segment_sum
+
+__all__ = ["permuted_coefficients"]
+
+
+def permuted_coefficients(
+    *,
+    advantage: Tensor,
+    ratio: Tensor,
+    delta: Tensor,
+    traj_id: Tensor,
+    turn_id: Tensor,
+    seeds: Sequence[int],
+    batch_id: Tensor | None = None,
+    valid: Tensor | None = None,
+    trust: str = "laplace",
+    trust_eta: float = TRUST_ETA,
+    trust_beta: float = SIGMOID_BETA,
+    influence_eta: float = INFLUENCE_ETA,
+    eps: float = EPS,
+    min_group: int = MIN_GROUP,
+) -> Tensor:
+    """Coefficients c of the ``permuted`` allocator for every seed, shape (n_rows, len(seeds))."""
+    tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
+    a, r, d, lay = tok.advantage, tok.ratio, tok.delta, tok.layout
+    p, device, dtype = len(seeds), a.device, a.dtype
+    g, _ = get_trust(trust)(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
+    fallback = (a < 0) & (d < 0)
+    m0 = _calibrated(a * r * d, lay, eta=influence_eta, eps=eps, min_group=min_group).m
+
+    n = a.numel()
+    m = m0.unsqueeze(0).repeat(p, 1)
+    for j, seed in enumerate(seeds):  # a loop over shuffles (few), never over tokens
+        src, dst = shuffle_pairs(fallback, lay, seed)
+        m[j, dst] = m0[src]
+    in_c = ~fallback
+    zero = torch.zeros((), dtype=dtype, device=device)
+    s_g = segment_sum(torch.where(in_c, g, zero), lay.turn, lay.n_turns)
+    ids = (torch.arange(p, device=device).unsqueeze(1) * lay.n_turns + lay.turn.unsqueeze(0)).reshape(-1)
+    gm = torch.where(in_c.unsqueeze(0), g.unsqueeze(0) * m, zero)
+    s_gm = segment_sum(gm.reshape(-1), ids, p * lay.n_turns).reshape(p, lay.n_turns)
+    matched = s_gm > eps
+    alpha = s_g.unsqueeze(0) / torch.where(matched, s_gm, torch.ones_like(s_gm))
+    turn = lay.turn.unsqueeze(0).expand(p, n)
+    # (g * m) * alpha: the multiplication order of allocate(), so columns agree bit for bit
+    c = torch.where(torch.gather(matched, 1, turn) & in_c.unsqueeze(0), gm * torch.gather(alpha, 1, turn), g)
+    return tok.scatter(c.T.contiguous())

@@ -1,0 +1,285 @@
+"""Reading token dumps: path resolution, validation, streaming one batch at a time.
+
+Allocation statistics never cross ``batch_id``, so the reader holds one batch (plus
+the row group it came from) in memory, whatever the size of the run.  It first
+reads only the ``batch_id`` column of every row group to learn which batches live
+where, then yields batches in order of first appearance, re-reading a row group
+only when its batch spans several.  Every row group is validated when first read,
+so the first bad row of the first bad file is the one reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from icsd_audit.data_schemas import load_schema
+
+__all__ = ["DumpError", "TokenBatch", "DumpReader", "prefetch", "resolve_paths", "read_metadata", "METADATA_KEY", "REQUIRED"]
+
+_SCHEMA = load_schema(1)
+METADATA_KEY: str = _SCHEMA["metadata_key"]
+REQUIRED: tuple[str, ...] = tuple(_SCHEMA["required"])
+_INT_COLS = ("batch_id", "traj_id", "turn_id")
+_FLOAT_COLS = ("advantage", "ratio", "delta")
+
+
+class DumpError(ValueError):
+    """Bad input: a one-line message naming the file, the column and the row."""
+
+    def __init__(self, path: Path | str, message: str, column: str | None = None, row: int | None = None):
+        where = str(path)
+        if column is not None:
+            where += f": column '{column}'"
+        if row is not None:
+            where += f", row {row}"
+        super().__init__(f"{where}: {message}")
+        self.path, self.column, self.row = str(path), column, row
+
+
+def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """Files as given, directories expanded to every ``*.parquet`` below them in sorted order."""
+    if not paths:
+        raise DumpError("<input>", "no input paths given")
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*.parquet") if q.is_file())
+            if not found:
+                raise DumpError(p, "directory holds no *.parquet files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise DumpError(p, "no such file or directory")
+    return out
+
+
+def read_metadata(path: Path | str) -> dict:
+    """The ``icsd.dump`` JSON blob of one file ({} when absent or unreadable as JSON)."""
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(METADATA_KEY.encode())
+    if raw is None:
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+
+
+def _check_types(path: Path, schema: pa.Schema) -> None:
+    names = set(schema.names)
+    for col in REQUIRED:
+        if col not in names:
+            raise DumpError(path, f"required column missing (have: {', '.join(schema.names) or 'none'})", column=col)
+    for col in _INT_COLS + ("pos",):
+        if col in names and not pa.types.is_integer(schema.field(col).type):
+            raise DumpError(path, f"expected an integer type, got {schema.field(col).type}", column=col)
+    for col in _FLOAT_COLS:
+        if not pa.types.is_floating(schema.field(col).type):
+            raise DumpError(path, f"expected float16/32/64, got {schema.field(col).type}", column=col)
+    if "valid" in names and not pa.types.is_boolean(schema.field("valid").type):
+        raise DumpError(path, f"expected bool, got {schema.field('valid').type}", column="valid")
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """One batch's rows: required columns as numpy (int64 ids, float64 values)."""
+
+    batch_id: int
+    arrays: dict[str, np.ndarray]
+    table: pa.Table
+    file_index: np.ndarray
+    file_row: np.ndarray
+    global_row: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.global_row.size)
+
+
+@dataclass(frozen=True)
+class _Group:
+    file: int
+    index: int
+    rows: int
+    file_offset: int
+    global_offset: int
+
+
+class DumpReader:
+    """Streams validated batches from files or directories of token dumps.
+
+    ``columns``: extra columns to carry in ``TokenBatch.table`` besides the required
+    ones (None: every column, as ``icsd audit coeffs`` needs for pass-through).
+    """
+
+    def __init__(self, paths: Sequence[str | Path], *, columns: Sequence[str] | None = ()):
+        self.paths = resolve_paths(paths)
+        self._files = []
+        self._groups: list[_Group] = []
+        self._batches: "OrderedDict[int, list[int]]" = OrderedDict()
+        total = 0
+        for fi, path in enumerate(self.paths):
+            try:
+                pf = pq.ParquetFile(path)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DumpError(path, f"not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+            _check_types(path, pf.schema_arrow)
+            self._files.append(pf)
+            offset = 0
+            for gi in range(pf.num_row_groups):
+                n = pf.metadata.row_group(gi).num_rows
+                if n == 0:
+                    continue
+                ids = pf.read_row_group(gi, columns=["batch_id"]).column(0).to_numpy()
+                group_no = len(self._groups)
+                self._groups.append(_Group(fi, gi, n, offset, total))
+                # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
+                for b in np.unique(ids, return_counts=True)[0].tolist():
+                    self._batches.setdefault(int(b), []).append(group_no)
+                offset += n
+                total += n
+        if total == 0:
+            raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
+        self.n_rows = total
+        self.schema = self._files[0].schema_arrow
+        self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *columns]))
+        self._cache: "OrderedDict[int, pa.Table]" = OrderedDict()
+
+    @property
+    def batch_ids(self) -> list[int]:
+        return list(self._batches)
+
+    def metadata(self) -> list[dict]:
+        return [read_metadata(p) for p in self.paths]
+
+    def row_groups(self) -> Iterator[tuple[Path, int, pa.Table]]:
+        """Every row group in input order, as (file, global row offset, table)."""
+        for gno, grp in enumerate(self._groups):
+            yield self.paths[grp.file], grp.global_offset, self._load(gno)
+
+    def _load(self, gno: int) -> pa.Table:
+        if gno in self._cache:
+            self._cache.move_to_end(gno)
+            return self._cache[gno]
+        grp = self._groups[gno]
+        pf, path = self._files[grp.file], self.paths[grp.file]
+        cols = None if self._columns is None else [c for c in self._columns if c in pf.schema_arrow.names]
+        table = pf.read_row_group(grp.index, columns=cols)
+        _check_values(path, table, grp.file_offset)
+        self._cache[gno] = table
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return table
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        for b, gnos in self._batches.items():
+            parts, fidx, frow, grow = [], [], [], []
+            for gno in gnos:
+                grp = self._groups[gno]
+                table = self._load(gno)
+                ids = table.column("batch_id").to_numpy()
+                if ids[0] == b and ids[-1] == b and (ids == b).all():
+                    # the whole row group (the usual case): no copy, and no pyarrow.compute import
+                    sel = np.arange(table.num_rows)
+                    parts.append(table)
+                else:
+                    sel = np.flatnonzero(ids == b)
+                    parts.append(table.take(pa.array(sel)))
+                fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
+                frow.append(grp.file_offset + sel)
+                grow.append(grp.global_offset + sel)
+            table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+            batch = TokenBatch(
+                batch_id=b,
+                arrays=_arrays(table),
+                table=table,
+                file_index=np.concatenate(fidx),
+                file_row=np.concatenate(frow),
+                global_row=np.concatenate(grow),
+            )
+            _check_duplicates(self.paths, batch)
+            yield batch
+
+
+def prefetch(batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
+    """Read the next batch in a background thread while the caller works on this one.
+
+    Parquet decoding releases the GIL, so reading overlaps allocation and the
+    per-turn reduction; at most two batches are in memory.  Errors surface in order.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    it = iter(batches)
+    done = object()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(next, it, done)
+        while True:
+            batch = pending.result()
+            if batch is done:
+                return
+            pending = pool.submit(next, it, done)
+            yield batch  # type: ignore[misc]
+
+
+def _arrays(table: pa.Table) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for col in _INT_COLS:
+        out[col] = table.column(col).to_numpy().astype(np.int64)
+    for col in _FLOAT_COLS:
+        out[col] = table.column(col).to_numpy().astype(np.float64)
+    if "valid" in table.column_names:
+        out["valid"] = table.column("valid").to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    else:
+        out["valid"] = np.ones(table.num_rows, dtype=bool)
+    if "pos" in table.column_names:
+        out["pos"] = table.column("pos").to_numpy().astype(np.int64, copy=False)
+    return out
+
+
+def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
+    for col in REQUIRED + tuple(c for c in ("valid", "pos") if c in table.column_names):
+        if table.column(col).null_count:
+            row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
+            raise DumpError(path, "null value", column=col, row=file_offset + row)
+    for col in _FLOAT_COLS:
+        values = table.column(col).to_numpy()
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise DumpError(path, f"{'NaN' if np.isnan(values[row]) else 'infinite'} value", column=col, row=file_offset + row)
+
+
+def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:
+    if "pos" not in batch.arrays or batch.n_rows < 2:
+        return
+    a = batch.arrays
+    keys = np.stack([a["traj_id"], a["turn_id"], a["pos"]])
+    step = np.sign(np.diff(keys, axis=1))
+    # Written dumps are sorted by (traj, turn, pos): then duplicates are neighbours
+    # and no sort is needed; otherwise sort lexicographically (ties by input row).
+    first_change = np.where(step[0] != 0, step[0], np.where(step[1] != 0, step[1], step[2]))
+    if (first_change >= 0).all():
+        order = np.arange(batch.n_rows)
+    else:
+        order = np.lexsort((batch.global_row, a["pos"], a["turn_id"], a["traj_id"]))
+        keys = keys[:, order]
+    dup = np.flatnonzero((keys[:, 1:] == keys[:, :-1]).all(axis=0))
+    if dup.size:
+        j = order[dup + 1]
+        first = j[np.argmin(batch.global_row[j])]
+        raise DumpError(
+            paths[int(batch.file_index[first])],
+            f"duplicate token row (batch {batch.batch_id}, traj {a['traj_id'][first]}, turn {a['turn_id'][first]}, pos {a['pos'][first]})",
+            column="pos",
+            row=int(batch.file_row[first]),
+        )

@@ -1,0 +1,154 @@
+"""Writing token dumps from any trainer (ours, verl, TRL): tensors in, Parquet shards out.
+
+The writer knows nothing of our training loop.  It takes torch tensors or numpy
+arrays, either flat per-token or padded ``(B, T)`` with a response mask (per-row
+ids of shape ``(B,)`` are broadcast), sorts rows by (batch, trajectory, turn,
+position) and writes one zstd shard per call through a temporary file and a rename,
+so a crash never leaves a half-written shard where a reader would find it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from icsd_audit import __version__
+from icsd_audit.dumps.reader import METADATA_KEY
+
+__all__ = ["DumpWriter", "write_table_atomic", "dump_metadata", "dictionary_columns"]
+
+_ARROW_TYPES = {
+    "batch_id": pa.int64(), "traj_id": pa.int64(), "turn_id": pa.int32(), "pos": pa.int32(),
+    "step": pa.int64(), "token_id": pa.int32(), "valid": pa.bool_(), "fallback": pa.bool_(),
+}
+
+
+def dump_metadata(*, producer: Mapping[str, Any] | str, synthetic: bool, allocator: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The JSON blob stored under ``icsd.dump`` in every shard's key-value metadata."""
+    prod = {"name": producer} if isinstance(producer, str) else dict(producer)
+    prod.setdefault("icsd_version", __version__)
+    return {"schema": "icsd.token_dump", "version": 1, "producer": prod, "synthetic": bool(synthetic),
+            "allocator": dict(allocator or {}), **extra}
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns worth dictionary encoding: ids and labels, never continuous floats.
+
+    Dictionary pages for high-cardinality floats cost time and space for nothing
+    (measured on 2M synthetic rows: 862 ms / 84 MB with, 501 ms / 64 MB without).
+    """
+    return [f.name for f in schema if not (pa.types.is_floating(f.type) or pa.types.is_fixed_size_list(f.type))]
+
+
+def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
+                       row_group_size: int = 1 << 17, compression: str = "zstd") -> Path:
+    """Write ``table`` to ``path`` through a temporary file in the same directory, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if metadata is not None:
+        kv = dict(table.schema.metadata or {})
+        kv[METADATA_KEY.encode()] = json.dumps(metadata, sort_keys=True).encode()
+        table = table.replace_schema_metadata(kv)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    # mkstemp creates 0600; a published dump gets the mode any new file would get.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
+                       use_dictionary=dictionary_columns(table.schema))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu")
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+class DumpWriter:
+    """Append-only shard writer: ``write(...)`` once per actor mini-batch.
+
+    ``float_dtype`` is the storage type of value columns (float32 keeps dumps small;
+    the audit reads them back as float64).  Columns beyond the schema pass through;
+    2-D per-token arrays (e.g. gradient sketches) become fixed-size float32 lists.
+    """
+
+    def __init__(self, out_dir: str | Path, *, producer: Mapping[str, Any] | str, synthetic: bool = False,
+                 allocator: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+                 prefix: str = "part", row_group_size: int = 1 << 17, float_dtype: Any = np.float32):
+        self.out_dir = Path(out_dir)
+        self.metadata = dump_metadata(producer=producer, synthetic=synthetic, allocator=allocator, **dict(metadata or {}))
+        self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._seq = len(list(self.out_dir.glob(f"{prefix}-*.parquet")))
+
+    def write(self, *, batch_id: Any, traj_id: Any, turn_id: Any, advantage: Any, ratio: Any, delta: Any,
+              mask: Any = None, name: str | None = None, **columns: Any) -> Path:
+        """Write one shard and return its path.
+
+        With ``mask`` (shape ``(B, T)``), every 2-D input is read at the masked
+        positions, 1-D inputs of length ``B`` are per-row values, and ``pos``
+        defaults to the token's index among its row's masked positions.  Without
+        it, every input is flat of the same length (scalars broadcast).
+        """
+        cols: dict[str, Any] = dict(batch_id=batch_id, traj_id=traj_id, turn_id=turn_id, advantage=advantage,
+                                    ratio=ratio, delta=delta, **columns)
+        arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))
+        order = np.lexsort(tuple(arrays[k] for k in ("pos", "turn_id", "traj_id", "batch_id") if k in arrays))
+        table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
+        path = self.out_dir / (name or f"{self.prefix}-{self._seq:06d}.parquet")
+        self._seq += 1
+        return write_table_atomic(table, path, metadata=self.metadata, row_group_size=self.row_group_size)
+
+    def _flatten(self, cols: dict[str, Any], mask: np.ndarray | None) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        if mask is None:
+            n = int(_to_numpy(cols["advantage"]).shape[0])
+            for k, v in cols.items():
+                a = _to_numpy(v)
+                out[k] = np.broadcast_to(a, (n,)).copy() if a.ndim == 0 else a
+                if out[k].shape[0] != n:
+                    raise ValueError(f"column {k!r} has {out[k].shape[0]} rows, expected {n}")
+            return out
+        rows, cols_idx = np.nonzero(mask)
+        for k, v in cols.items():
+            a = _to_numpy(v)
+            if a.ndim == 0:
+                a = np.full(rows.size, a)
+            elif a.shape[:2] == mask.shape:
+                a = a[mask]
+            elif a.ndim == 1 and a.shape[0] == mask.shape[0]:
+                a = a[rows]
+            else:
+                raise ValueError(f"column {k!r} of shape {a.shape} fits neither the mask {mask.shape} nor its rows")
+            out[k] = a
+        if "pos" not in out:
+            first = np.r_[0, np.flatnonzero(np.diff(rows)) + 1]
+            out["pos"] = np.arange(rows.size) - np.repeat(first, np.diff(np.r_[first, rows.size]))
+        return out
+
+    def _arrow(self, name: str, a: np.ndarray) -> pa.Array:
+        if a.ndim == 2:
+            flat = pa.array(a.astype(np.float32).reshape(-1))
+            return pa.FixedSizeListArray.from_arrays(flat, a.shape[1])
+        if name in _ARROW_TYPES:
+            return pa.array(a, type=_ARROW_TYPES[name])
+        if a.dtype.kind == "f":
+            return pa.array(a.astype(self.float_dtype))
+        return pa.array(a)

@@ -1,0 +1,218 @@
+"""The audit report: every statistic and figure of the paper's mechanism analysis from token dumps.
+
+Why one entry point: a researcher auditing a run wants the paper's evidence for
+their own batches (trusted-conflict mass, sign-region shares, share shift,
+landscape, clipping exposure, gradient compatibility when the dumps carry
+gradient sketches, and training dynamics when they span several steps) in one
+pass, with the provenance of the data attached so a figure is never separated
+from what it was computed on.
+
+:func:`audit_dumps` streams the dumps batch by batch through the allocator library
+(:func:`icsd_audit.alloc.options.weight_pair`) into the statistics accumulators of
+:mod:`icsd_audit.stats.api`; statistics are computed there, once, and this module only
+arranges their result objects.  :func:`write_figures` and :func:`write_report`
+render everything in memory first and then write each file atomically, so a
+failure never leaves a half-written output.  Rendering of tables and the HTML
+page lives in :mod:`icsd_audit.report.render`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from icsd_audit import __version__
+from icsd_audit.alloc.options import weight_pair
+from icsd_audit.grads.cosines import GradcosSummary, batch_cosines, batch_source, permutation_matrix, summarize
+from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, resolve_paths
+from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions
+from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
+
+__all__ = [
+    "ReportOptions",
+    "GradcosSummary",
+    "AuditReport",
+    "audit_dumps",
+    "make_figures",
+    "write_figures",
+    "write_report",
+    "FIGURE_NAMES",
+    "REPORT_SCHEMA",
+]
+
+# --------------------------------------------------------------------------- computing
+
+
+def _column(batch: TokenBatch, reader: DumpReader, name: str) -> np.ndarray:
+    if name not in batch.table.column_names:
+        f = reader.paths[int(batch.file_index[0])]
+        raise DumpError(f, "column present in other input files but missing here", column=name)
+    col = batch.table.column(name)
+    return col.to_numpy(zero_copy_only=False) if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+
+
+def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches: int) -> dict[str, Any]:
+    """Where the numbers come from: files, producers, schema, recorded allocator, synthetic flag."""
+    metas = reader.metadata()
+
+    def unique(values: Sequence[Any]) -> list[Any]:
+        seen: dict[str, Any] = {}
+        for v in values:
+            seen.setdefault(json.dumps(v, sort_keys=True, default=str), v)
+        return list(seen.values())
+
+    flags = {m.get("synthetic") for m in metas}
+    synthetic: Any = flags.pop() if len(flags) == 1 else "mixed"
+    return {
+        "files": [str(p) for p in reader.paths],
+        "n_files": len(reader.paths),
+        "n_rows": int(reader.n_rows),
+        "n_tokens": int(n_tokens),
+        "n_batches": int(n_batches),
+        "producers": unique([m.get("producer", "unknown") for m in metas]),
+        "schemas": unique([{"schema": m.get("schema", "unknown"), "version": m.get("version")} for m in metas]),
+        "dump_allocators": unique([m.get("allocator", {}) for m in metas]),
+        "synthetic": synthetic,
+        "icsd_version": __version__,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "audit": {"base": opts.allocator(opts.base).kwargs(), "compare": opts.allocator(opts.compare).kwargs()},
+    }
+
+
+def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None) -> AuditReport:
+    """Stream the dumps once and compute every statistic of the report.
+
+    Per batch: allocate (base and compare), feed the pooled accumulator (TCM,
+    quadrants, shift, clip), the landscape (per ``env`` when that column exists),
+    the per-step TCM (when a ``step`` column holds two or more steps) and, when a
+    dense ``grad`` column exists, the gradient cosines.  Statistics never cross
+    batches; bootstraps run once at the end on per-turn sums.
+    """
+    opts = options or ReportOptions()
+    import pyarrow.parquet as pq
+
+    # optional columns are read where a file has them; absent ones are never loaded
+    names = set().union(*(pq.read_schema(p).names for p in resolve_paths(paths)))
+    sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
+    reader = DumpReader(paths, columns=["step", "env", *sketch_cols])
+    acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
+                  compare_name=opts.compare)
+    pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
+    per_step = AuditAccumulator(statistics=("tcm",), by="step", **acc_kw) if "step" in names else None
+    land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare)
+    steps: set[Any] = set()
+    with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
+    cos_rows: list[np.ndarray] = []
+    cos_jack: list[np.ndarray] = []
+    cos_ids: list[int] = []
+    n_tokens = n_batches = 0
+    for batch in prefetch(reader):
+        a = batch.arrays
+        base, compare, _ = weight_pair(batch, opts.allocator(opts.base), opts.allocator(opts.compare))
+        common = dict(delta=a["delta"], advantage=a["advantage"], base=base, compare=compare, valid=a["valid"])
+        ids = dict(ratio=a["ratio"], traj_id=a["traj_id"], turn_id=a["turn_id"], batch_id=a["batch_id"])
+        pooled.add(**common, **ids)
+        if per_step is not None:
+            step = _column(batch, reader, "step")
+            steps.update(np.unique(step[a["valid"]]).tolist())
+            per_step.add(**common, **ids, group=step)
+        land.add(**common, env=_column(batch, reader, "env") if "env" in names else None)
+        if sketch_cols:
+            perm = permutation_matrix(batch, opts.allocator(opts.compare), opts.permutations, opts.seed) if with_perm else None
+            cos, jack = batch_cosines(batch, batch_source(batch, reader.paths[int(batch.file_index[0])]), base, compare,
+                                      perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, blocks=opts.jackknife_blocks)
+            cos_rows.append(cos)
+            cos_ids.append(batch.batch_id)
+            if jack is not None:
+                cos_jack.append(jack)
+        n_tokens += int(a["valid"].sum())
+        n_batches += 1
+    boot = dict(n_resamples=opts.n_resamples, confidence_level=opts.confidence_level, rng=opts.seed)
+    stats = pooled.finalize(**boot)
+    dynamics = per_step.finalize(**boot).tcm if per_step is not None and len(steps) >= 2 else None
+    return AuditReport(
+        stats=stats,
+        landscape=land.finalize(),
+        dynamics=dynamics,
+        gradcos=summarize(cos_ids, cos_rows, cos_jack or None, base_name=opts.base, compare_name=opts.compare,
+                          n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
+                          confidence_level=opts.confidence_level, seed=opts.seed) if cos_rows else None,
+        provenance=provenance(reader, opts, n_tokens, n_batches),
+        options=opts,
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def make_figures(report: AuditReport, *, include_neutral: bool = True) -> dict[str, Any]:
+    """name -> Figure for every figure the report's results support (see :data:`FIGURE_NAMES`)."""
+    from icsd_audit.report import figures as F
+
+    out: dict[str, Any] = {}
+    s = report.stats
+    if s.quadrants is not None:
+        out["quadrants"] = F.quadrant_figure(s.quadrants, include_neutral=include_neutral)
+    out["landscape"] = F.landscape_figure(report.landscape)
+    if s.shift is not None:
+        out["shift"] = F.shift_figure(s.shift)
+    if report.gradcos is not None:
+        out["alignment"] = F.alignment_figure(report.gradcos)
+    if report.dynamics is not None:
+        out["dynamics"] = F.dynamics_figure(report.dynamics, show_diff=True)
+    return out
+
+
+def _render_all(figs: Mapping[str, Any], formats: Sequence[str], dpi: int | None) -> dict[str, bytes]:
+    from icsd_audit.report.figures.style import render
+
+    return {f"{name}.{fmt}": render(fig, fmt, dpi) for name, fig in figs.items() for fmt in formats}
+
+
+def write_figures(report: AuditReport, out: str | Path, formats: Sequence[str] = ("png",), *,
+                  dpi: int | None = None) -> list[Path]:
+    """Render every figure in each format (png, pdf, svg) into ``out``; returns the paths written."""
+    from icsd_audit.report.figures.style import write_atomic
+
+    bad = [f for f in formats if f not in ("png", "pdf", "svg")]
+    if bad or not formats:
+        raise ValueError(f"unknown figure format(s) {', '.join(bad) or '(none)'}; choose from png, pdf, svg")
+    blobs = _render_all(make_figures(report), formats, dpi)
+    out = Path(out)
+    paths = []
+    for name, data in blobs.items():
+        write_atomic(out / name, data)
+        paths.append(out / name)
+    return paths
+
+
+def write_report(report: AuditReport, out: str | Path, *, dpi: int = 200) -> dict[str, Path]:
+    """Write ``summary.json``, ``summary.md``, ``report.html`` and ``figures/*.png`` into ``out``.
+
+    The HTML page is self-contained (figures as base64 PNG, inline CSS, a
+    Content-Security-Policy that forbids any network request), so it can be mailed
+    or archived as one file.
+    """
+    from icsd_audit.report.figures.style import write_atomic
+    from icsd_audit.report.render import render_html, render_markdown
+
+    blobs = _render_all(make_figures(report), ("png",), dpi)
+    summary = report.to_dict()
+    files = {
+        "summary.json": (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode(),
+        "summary.md": render_markdown(report, [n for n in FIGURE_NAMES if f"{n}.png" in blobs]).encode(),
+        "report.html": render_html(report, {n: blobs[f"{n}.png"] for n in FIGURE_NAMES if f"{n}.png" in blobs}).encode(),
+    }
+    out = Path(out)
+    written: dict[str, Path] = {}
+    for name, data in blobs.items():
+        write_atomic(out / "figures" / name, data)
+        written[f"figures/{name}"] = out / "figures" / name
+    for name, data in files.items():
+        write_atomic(out / name, data)
+        written[name] = out / name
+    return written

@@ -1,0 +1,101 @@
+"""Paper Figure A3 (e-f): trusted mass on negative-advantage tokens over training steps.
+
+Why pale and dark lines: the per-step statistic is computed on one minibatch and
+is noisy; the paper draws it pale and overlays a centred five-step mean, which is
+what a reader compares between base and compare.  The statistic is TCM: among
+teacher-supported tokens (Delta > 0, |u| > eps), u < 0 exactly when A < 0, so TCM
+is the share of trusted auxiliary mass on negative-advantage tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from icsd_audit.report.figures.style import BASE_COLOR, COLUMN_WIDTH, COMPARE_COLOR, DIFF_COLOR, display_name, paper_style, resolve_axes
+
+__all__ = ["dynamics_figure", "centered_mean"]
+
+
+def centered_mean(steps: Sequence[float], values: Sequence[float], window: int = 5) -> np.ndarray:
+    """Mean of the values whose step lies within +-window//2 of each step (display smoothing).
+
+    Windows are in step units, so a missing step shortens a window instead of
+    pulling in a distant one; at the ends the window is truncated (as pandas'
+    ``rolling(center=True, min_periods=1)`` on a contiguous index).  NaNs are skipped.
+    """
+    s = np.asarray(steps, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    near = np.abs(s[:, None] - s[None, :]) <= window // 2
+    ok = near & np.isfinite(v)[None, :]
+    cnt = ok.sum(axis=1)
+    tot = np.where(ok, v[None, :], 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
+
+
+def _pick(r: Any, region: str | None) -> Any:
+    return r if region is None else r.regions[region]
+
+
+def dynamics_figure(
+    result: Any,
+    ax: Axes | Sequence[Axes] | None = None,
+    *,
+    region: str | None = None,
+    window: int = 5,
+    show_diff: bool = False,
+    ylabel: str | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Per-step values (pale) and centred ``window``-step means (dark), base vs compare.
+
+    ``result``: a :class:`icsd_audit.stats.api.GroupedResult` grouped by step (numeric
+    ``keys``) whose ``results`` have ``base``/``compare``/``diff`` BootstrapResults
+    (a TCMResult), or QuadrantsResults with ``region`` naming the region to draw.
+    ``show_diff`` adds a lower panel: per-step paired difference with its CI band.
+    Values are plotted in percent.  Gids: ``step-<side>`` (pale lines, y = 100 x
+    estimate), ``mean-<side>`` (dark lines), ``diff-step``, ``diff-mean``, ``diff-ci``.
+    """
+    steps = np.asarray([float(k) for k in result.keys])
+    if steps.size == 0:
+        raise ValueError("the grouped result holds no steps")
+    order = np.argsort(steps, kind="stable")
+    steps = steps[order]
+    items = [_pick(result.results[i], region) for i in order]
+    first = result.results[0]
+    names = {"base": getattr(first, "base_name", "sdar"), "compare": getattr(first, "compare_name", "icsd")}
+    with paper_style():
+        fig, axes = resolve_axes(ax, 2 if show_diff else 1, width=COLUMN_WIDTH, height=3.2 if show_diff else 2.1,
+                                 layout=(2, 1) if show_diff else None, sharex=True)
+        main = axes[0]
+        for side, color in (("base", BASE_COLOR), ("compare", COMPARE_COLOR)):
+            y = np.array([100.0 * getattr(r, side).estimate for r in items])
+            main.plot(steps, y, color=color, alpha=0.35, linewidth=0.7, gid=f"step-{side}")
+            main.plot(steps, centered_mean(steps, y, window), color=color, linewidth=1.5,
+                      label=display_name(names[side]), gid=f"mean-{side}")
+        main.set_ylabel(ylabel or ("trusted mass on $\\hat{A}<0$ (%)" if region is None else f"{region} share (%)"))
+        main.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title_fontsize=6, borderaxespad=0.2,
+                    title=f"pale: per step; dark: centred {window}-step mean")
+        main.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
+        if title:
+            main.set_title(title)
+        if show_diff:
+            low = axes[1]
+            d = np.array([100.0 * r.diff.estimate for r in items])
+            lo = np.array([100.0 * r.diff.ci_low for r in items])
+            hi = np.array([100.0 * r.diff.ci_high for r in items])
+            band = low.fill_between(steps, lo, hi, color=DIFF_COLOR, alpha=0.2, linewidth=0)
+            band.set_gid("diff-ci")
+            low.plot(steps, d, color=DIFF_COLOR, alpha=0.45, linewidth=0.7, gid="diff-step")
+            low.plot(steps, centered_mean(steps, d, window), color=DIFF_COLOR, linewidth=1.5, gid="diff-mean")
+            low.axhline(0.0, color="black", linewidth=0.6)
+            low.set_ylabel(f"{display_name(names['compare'])} \u2212 {display_name(names['base'])} (pp)")
+            low.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
+        axes[-1].set_xlabel("training step")
+    return fig

@@ -1,0 +1,99 @@
+"""What the audit report holds: its options and the frozen result it renders.
+
+Kept apart from :mod:`icsd_audit.report.build` (which computes a report) so that
+the renderers import result types, never the module that calls them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from icsd_audit.alloc.options import AllocatorOptions
+from icsd_audit.grads.cosines import GradcosSummary
+from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
+
+__all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA"]
+
+#: figure file stems, in the order the report shows them
+FIGURE_NAMES = ("quadrants", "landscape", "shift", "alignment", "dynamics")
+REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Allocators compared and statistic settings (SPEC defaults).
+
+    ``eps`` is both the allocator scale floor and the TCM activity threshold, as in
+    SPEC sections 2 and 6.  ``permutations``: shuffles of the permuted control in
+    the gradient compatibility (only when ``compare`` is ICSD, the allocation the
+    ``permuted`` variant shuffles).
+    """
+
+    base: str = "sdar"
+    compare: str = "icsd"
+    trust: str = "laplace"
+    trust_beta: float = 5.0
+    min_group: int = 8
+    eps: float = 1e-4
+    seed: int = 0
+    n_resamples: int = 10_000
+    confidence_level: float = 0.95
+    grid: int = 20
+    n_bins: int = 5
+    clip_eps: float = 0.2
+    dual_clip: float = 3.0
+    permutations: int = 20
+    jackknife_blocks: int = 8
+
+    def __post_init__(self) -> None:
+        # fail before streaming gigabytes, not at the bootstrap after it
+        from icsd_audit.alloc.variants import allocator_names, trust_names
+
+        for side in ("base", "compare"):
+            if getattr(self, side) not in allocator_names():
+                raise ValueError(f"{side}: unknown allocator {getattr(self, side)!r}; valid: {', '.join(allocator_names())}")
+        if self.base == self.compare:
+            raise ValueError(f"base and compare must differ, both are {self.base!r}")
+        if self.trust not in trust_names():
+            raise ValueError(f"trust: unknown {self.trust!r}; valid: {', '.join(trust_names())}")
+        if not 0 < self.confidence_level < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence_level}")
+        for name in ("n_resamples", "grid", "n_bins", "min_group"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.permutations < 0:
+            raise ValueError(f"permutations must be >= 0, got {self.permutations}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+
+    def allocator(self, name: str, seed: int | None = None) -> AllocatorOptions:
+        return AllocatorOptions(allocator=name, trust=self.trust, trust_beta=self.trust_beta,
+                                min_group=self.min_group, eps=self.eps, seed=self.seed if seed is None else seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """Everything the report shows: result objects of the statistics plus provenance."""
+
+    stats: AuditResults
+    landscape: LandscapeResult
+    dynamics: GroupedResult | None
+    gradcos: GradcosSummary | None
+    provenance: Mapping[str, Any]
+    options: ReportOptions = field(default_factory=ReportOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **REPORT_SCHEMA,
+            "provenance": dict(self.provenance),
+            "options": self.options.to_dict(),
+            **self.stats.to_dict(),
+            "landscape": self.landscape.to_dict(),
+            "dynamics": None if self.dynamics is None else self.dynamics.to_dict(),
+            "gradcos": None if self.gradcos is None else self.gradcos.to_dict(),
+        }

@@ -1,0 +1,19 @@
+"""Audit statistics (SPEC sections 6-7): TCM, quadrant shares, share shift, clipping exposure
+and the landscape, with action-turn bootstrap intervals.
+
+- :mod:`~icsd_audit.stats.api` -- the one-call functions (:func:`tcm`, :func:`quadrants`, ...);
+- :mod:`~icsd_audit.stats.accumulator` -- :class:`AuditAccumulator`, batch by batch, one
+  set of resamples for every statistic;
+- :mod:`~icsd_audit.stats.turns` -- per-turn sufficient statistics;
+- :mod:`~icsd_audit.stats.bootstrap` and :mod:`~icsd_audit.stats.resample` -- the bootstrap
+  engine (:mod:`~icsd_audit.stats.blas` pins BLAS threads);
+- :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
+- :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
+- :mod:`~icsd_audit.stats.run` -- streaming dumps through the allocator into the accumulators
+  (the I/O side: the only module here that reads files).
+
+Everything but ``run`` imports only numpy (and scipy).
+"""
+
+from icsd_audit.stats.api import *  # noqa: F401,F403
+from icsd_audit.stats.api import __all__  # noqa: F401

@@ -1,0 +1,287 @@
+"""Result objects of the audit statistics and their JSON form (``docs/statistics.md``).
+
+Frozen dataclasses, one per statistic, built by :mod:`icsd_audit.stats.accumulator` and
+consumed by the CLI, the report and the figures.  ``to_dict`` gives the JSON contract:
+fractions (never percent), ``{"estimate", "ci_low", "ci_high", ...}`` triples under
+the base and compare labels and ``"diff"`` (compare minus base).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult
+
+__all__ = [
+    "EPS", "CLIP_EPS", "DUAL_CLIP", "N_SHIFT_BINS", "LANDSCAPE_GRID", "MASS_RTOL", "REGIONS", "STATISTICS",
+    "shift_bin_labels", "PairedResult", "TCMResult", "QuadrantsResult", "ShiftBin", "ShiftResult",
+    "ClipSet", "ClipResult", "GroupedResult", "AuditResults", "check_names", "json_float", "json_key",
+]
+
+EPS = 1e-4
+CLIP_EPS = 0.2
+DUAL_CLIP = 3.0
+N_SHIFT_BINS = 5
+LANDSCAPE_GRID = 20
+MASS_RTOL = 1e-5
+
+REGIONS = ("pos_delta_pos_adv", "pos_delta_neg_adv", "neg_delta_pos_adv", "neg_delta_neg_adv", "neutral")
+STATISTICS = ("tcm", "quadrants", "shift", "clip")
+_RESERVED = {"diff", "regions", "bins", "n_tokens", "n_turns", "n_batches", "base", "compare", "bootstrap"}
+
+
+def shift_bin_labels(n_bins: int = N_SHIFT_BINS) -> tuple[str, ...]:
+    """``neg_1`` (most negative) .. ``neg_n``, ``zero``, ``pos_1`` .. ``pos_n`` (largest)."""
+    return tuple(f"neg_{i}" for i in range(1, n_bins + 1)) + ("zero",) + tuple(f"pos_{i}" for i in range(1, n_bins + 1))
+
+
+# --------------------------------------------------------------------------- results
+
+
+def json_float(x: float) -> float | None:
+    """A JSON-safe float: None for NaN/inf (strict JSON has neither), -0.0 as 0.0."""
+    x = float(x) + 0.0
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """One statistic under the base and compare weightings and their difference."""
+
+    base: BootstrapResult
+    compare: BootstrapResult
+    diff: BootstrapResult
+
+    def to_dict(self, base_name: str = "sdar", compare_name: str = "icsd") -> dict[str, Any]:
+        return {base_name: self.base.to_dict(), compare_name: self.compare.to_dict(), "diff": self.diff.to_dict()}
+
+
+@dataclass(frozen=True)
+class _Common:
+    base_name: str
+    compare_name: str
+    n_tokens: int
+    n_turns: int
+    n_batches: int
+    n_resamples: int
+    confidence_level: float
+    unit: str
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "n_tokens": int(self.n_tokens),
+            "n_turns": int(self.n_turns),
+            "n_batches": int(self.n_batches),
+            "base": self.base_name,
+            "compare": self.compare_name,
+        }
+
+    def _boot(self) -> dict[str, Any]:
+        return {
+            "n_resamples": int(self.n_resamples),
+            "confidence_level": float(self.confidence_level),
+            "method": "percentile",
+            "unit": self.unit,
+        }
+
+
+@dataclass(frozen=True)
+class TCMResult(_Common):
+    """Trusted-conflict mass (SPEC 6) under both weightings and compare minus base."""
+
+    eps: float
+    n_active_tokens: int
+    base: BootstrapResult
+    compare: BootstrapResult
+    diff: BootstrapResult
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._head()
+        d.update(
+            {
+                "eps": float(self.eps),
+                "n_active_tokens": int(self.n_active_tokens),
+                self.base_name: self.base.to_dict(),
+                self.compare_name: self.compare.to_dict(),
+                "diff": self.diff.to_dict(),
+                "bootstrap": self._boot(),
+            }
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class QuadrantsResult(_Common):
+    """Mass share of each sign region (and ``neutral``) of all valid mass."""
+
+    regions: Mapping[str, PairedResult]
+    region_tokens: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._head()
+        d["regions"] = {
+            name: {**p.to_dict(self.base_name, self.compare_name), "n_tokens": int(self.region_tokens[name])}
+            for name, p in self.regions.items()
+        }
+        d["bootstrap"] = self._boot()
+        return d
+
+
+@dataclass(frozen=True)
+class ShiftBin:
+    """One advantage bin inside S+: shares of S+ mass and the shift (compare - base)."""
+
+    base: BootstrapResult
+    compare: BootstrapResult
+    diff: BootstrapResult
+    n_tokens: int
+    advantage_min: float
+    advantage_max: float
+
+    @property
+    def shift_pp(self) -> BootstrapResult:
+        """The SPEC 6 shift in percentage points: 100 x ``diff``."""
+        d = self.diff
+        return BootstrapResult(
+            100.0 * d.estimate, 100.0 * d.ci_low, 100.0 * d.ci_high, 100.0 * d.standard_error,
+            d.n_resamples, d.confidence_level, d.method, d.unit,
+        )
+
+    def to_dict(self, base_name: str, compare_name: str) -> dict[str, Any]:
+        return {
+            base_name: self.base.to_dict(),
+            compare_name: self.compare.to_dict(),
+            "diff": self.diff.to_dict(),
+            "shift_pp": self.shift_pp.to_dict(),
+            "n_tokens": int(self.n_tokens),
+            "advantage_min": json_float(self.advantage_min),
+            "advantage_max": json_float(self.advantage_max),
+        }
+
+
+@dataclass(frozen=True)
+class ShiftResult(_Common):
+    """Conditional share shift over advantage bins inside S+ = {delta > 0}."""
+
+    n_bins: int
+    n_splus_tokens: int
+    bins: Mapping[str, ShiftBin]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._head()
+        d["n_bins"] = int(self.n_bins)
+        d["n_splus_tokens"] = int(self.n_splus_tokens)
+        d["bins"] = {k: b.to_dict(self.base_name, self.compare_name) for k, b in self.bins.items()}
+        d["bootstrap"] = self._boot()
+        return d
+
+
+@dataclass(frozen=True)
+class ClipSet:
+    """Tokens of one clipping set: token share, mass share, |delta|-weighted mass share."""
+
+    n_tokens: int
+    tokens: BootstrapResult
+    mass: PairedResult
+    abs_delta_mass: PairedResult
+
+    def to_dict(self, base_name: str, compare_name: str) -> dict[str, Any]:
+        return {
+            "n_tokens": int(self.n_tokens),
+            "tokens": self.tokens.to_dict(),
+            "mass": self.mass.to_dict(base_name, compare_name),
+            "abs_delta_mass": self.abs_delta_mass.to_dict(base_name, compare_name),
+        }
+
+
+@dataclass(frozen=True)
+class ClipResult(_Common):
+    """Clipping exposure (SPEC 6): outside the clip interval, flat surrogate, dual-clip cap."""
+
+    clip_eps: float
+    dual_clip: float
+    outside: ClipSet
+    flat: ClipSet
+    dual_clip_cap_count: int
+    dual_clip_cap: BootstrapResult
+    ratio_mean: float
+    ratio_std: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._head()
+        d.update(
+            {
+                "clip_eps": float(self.clip_eps),
+                "dual_clip": float(self.dual_clip),
+                "outside": self.outside.to_dict(self.base_name, self.compare_name),
+                "flat": self.flat.to_dict(self.base_name, self.compare_name),
+                "dual_clip_cap": {"count": int(self.dual_clip_cap_count), "tokens": self.dual_clip_cap.to_dict()},
+                "ratio_mean": json_float(self.ratio_mean),
+                "ratio_std": json_float(self.ratio_std),
+                "bootstrap": self._boot(),
+            }
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class GroupedResult:
+    """One result per value of a grouping key (``by``), in sorted key order."""
+
+    by: str
+    keys: tuple[Any, ...]
+    results: tuple[Any, ...]
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self.results[self.keys.index(key)]
+        except ValueError:
+            raise KeyError(key) from None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def items(self):
+        return zip(self.keys, self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "groups": [{"key": json_key(k), **r.to_dict()} for k, r in self.items()]}
+
+
+def json_key(k: Any) -> Any:
+    if isinstance(k, (np.generic,)):
+        k = k.item()
+    if isinstance(k, (int, float, str, bool)) or k is None:
+        return k
+    return str(k)
+
+
+@dataclass(frozen=True)
+class AuditResults:
+    """The statistics computed together by :class:`AuditAccumulator` (None if not asked)."""
+
+    tcm: TCMResult | GroupedResult | None = None
+    quadrants: QuadrantsResult | GroupedResult | None = None
+    shift: ShiftResult | GroupedResult | None = None
+    clip: ClipResult | GroupedResult | None = None
+    raw: RatioBootstrapResult | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k).to_dict() for k in STATISTICS if getattr(self, k) is not None}
+
+
+def check_names(base_name: str, compare_name: str) -> tuple[str, str]:
+    if not isinstance(base_name, str) or not isinstance(compare_name, str) or not base_name or not compare_name:
+        raise ValueError("base_name and compare_name must be non-empty strings")
+    if base_name == compare_name:
+        raise ValueError(f"base_name and compare_name must differ, both are {base_name!r}")
+    for nm in (base_name, compare_name):
+        if nm in _RESERVED:
+            raise ValueError(f"{nm!r} is reserved in the JSON output; choose another weighting label")
+    return base_name, compare_name
+
+

@@ -1,0 +1,86 @@
+"""Streaming the SPEC 6 statistics over dumps: the library behind ``icsd audit tcm|quadrants|...``.
+
+Each batch is read once, allocated once per distinct allocator
+(:func:`icsd_audit.alloc.options.weight_pair`), reduced to per-turn sums by the accumulators
+and dropped; the bootstrap runs once at the end on those sums.  Memory is one batch
+plus a few floats per action turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from icsd_audit.alloc.options import AllocatorOptions, weight_pair
+from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
+from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
+
+__all__ = ["AuditRequest", "run_audit", "run_landscape", "BY_COLUMNS"]
+
+BY_COLUMNS = ("step", "env", "task")
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    """What to audit: two weightings, bootstrap options and statistic options."""
+
+    base: AllocatorOptions = AllocatorOptions(allocator="sdar")
+    compare: AllocatorOptions = AllocatorOptions(allocator="icsd")
+    n_resamples: int = 10_000
+    confidence_level: float = 0.95
+    unit: str = "action-turn"
+    seed: int = 0
+    workers: int = 1
+    by: str | None = None
+    eps: float = 1e-4
+    clip_eps: float = 0.2
+    dual_clip: float = 3.0
+    n_bins: int = 5
+
+
+def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | None:
+    if by is None:
+        return None
+    if by not in batch.table.column_names:
+        raise DumpError(path, f"--by {by} needs this column, which the dump lacks", column=by)
+    return batch.table.column(by).to_numpy(zero_copy_only=False)
+
+
+def run_audit(
+    paths: Sequence[str | Path],
+    req: AuditRequest,
+    *,
+    statistics: Sequence[str],
+    progress: Callable[[int, int], None] | None = None,
+) -> AuditResults:
+    """Stream every batch of ``paths`` into one accumulator and bootstrap once."""
+    columns = [req.by] if req.by else []
+    reader = DumpReader(paths, columns=columns)
+    acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
+                           n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
+    n = len(reader.batch_ids)
+    for i, batch in enumerate(prefetch(reader)):
+        base, compare, u = weight_pair(batch, req.base, req.compare)
+        a = batch.arrays
+        acc.add(delta=a["delta"], advantage=a["advantage"], ratio=a["ratio"], base=base, compare=compare,
+                traj_id=a["traj_id"], turn_id=a["turn_id"], batch_id=a["batch_id"], valid=a["valid"], u=u,
+                group=_group_key(batch, req.by, str(reader.paths[int(batch.file_index[0])])))
+        if progress is not None:
+            progress(i + 1, n)
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
+                        rng=np.random.default_rng(req.seed), workers=req.workers)
+
+
+def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int = 20) -> LandscapeResult:
+    """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it)."""
+    reader = DumpReader(paths, columns=["env"])
+    acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator)
+    for batch in prefetch(reader):
+        base, compare, _ = weight_pair(batch, req.base, req.compare)
+        a = batch.arrays
+        env = batch.table.column("env").to_numpy(zero_copy_only=False) if "env" in batch.table.column_names else None
+        acc.add(delta=a["delta"], advantage=a["advantage"], base=base, compare=compare, env=env, valid=a["valid"])
+    return acc.finalize()
