@@ -59,6 +59,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from icsd_audit.stats.api import AuditAccumulator
+    from icsd_audit.tokens import Tokens, Weights
 
     def batches():
         """The batches, synthesized one at a time (a dump reader's access pattern)."""
@@ -72,7 +73,8 @@ def main() -> None:
         n_tok = 0
         for x in batches():
             t = time.perf_counter()
-            acc.add(**x)
+            acc.add(Tokens(**{k: v for k, v in x.items() if k not in ('base', 'compare')}),
+                    Weights(x['base'], x['compare']))
             t_add += time.perf_counter() - t
             n_tok += x["delta"].size
         t1, c1 = time.perf_counter(), time.process_time()

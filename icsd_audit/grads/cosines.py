@@ -19,11 +19,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from icsd_audit.alloc.options import AllocatorOptions, batch_tensors, weight_pair
+from icsd_audit.alloc.options import AllocatorOptions, weight_pair
 from icsd_audit.stats.bootstrap import BootstrapResult, batch_bootstrap_mean
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch
 from icsd_audit.grads.compat import cosines, factors_from_columns, jackknife_replicates, jackknife_se, rl_weights
 from icsd_audit.alloc.permutation import permuted_coefficients
+from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["GradcosSummary", "batch_source", "batch_cosines", "summarize", "run_gradcos", "JACKKNIFE_MAX_PERM"]
 
@@ -96,13 +97,12 @@ def _fixed_list(batch: TokenBatch, name: str) -> np.ndarray:
     return flat.reshape(len(col), -1)
 
 
-def batch_cosines(batch: TokenBatch, source: Any, base: np.ndarray, compare: np.ndarray, perm: np.ndarray | None, *,
+def batch_cosines(tokens: Tokens, weights: Weights, source: Any, perm: np.ndarray | None, *,
                   clip_eps: float, dual_clip: float, blocks: int) -> tuple[np.ndarray, np.ndarray | None]:
     """([cos base, cos compare, mean cos perm], jackknife replicates (blocks, 3) or None)."""
-    a = batch.arrays
-    rl = rl_weights(torch.from_numpy(a["advantage"]), torch.from_numpy(a["ratio"]), torch.from_numpy(a["valid"]),
-                    clip_eps, dual_clip)
-    valid = a["valid"].astype(np.float64)
+    a, base, compare = tokens.numpy(), weights.base, weights.compare
+    rl = rl_weights(torch.from_numpy(a.advantage), torch.from_numpy(a.ratio), torch.from_numpy(a.valid), clip_eps, dual_clip)
+    valid = a.valid.astype(np.float64)
     cols = [base * valid, compare * valid] + ([] if perm is None else list((perm * valid[:, None]).T))
     w = torch.from_numpy(np.column_stack(cols))
     cos = cosines(source, rl, w).numpy()
@@ -150,13 +150,11 @@ def summarize(batch_ids: Sequence[int], rows: Sequence[np.ndarray], jack: Sequen
     )
 
 
-def permutation_matrix(batch: TokenBatch, opts: AllocatorOptions, n: int, seed: int) -> np.ndarray:
+def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int) -> np.ndarray:
     """(rows, n) coefficients of ``n`` seeded shuffles of the ICSD scores (seeds seed+1 ... seed+n)."""
-    a = batch_tensors(batch)
     return permuted_coefficients(
-        advantage=a["advantage"], ratio=a["ratio"], delta=a["delta"], traj_id=a["traj_id"], turn_id=a["turn_id"],
-        batch_id=a["batch_id"], valid=a["valid"], seeds=[seed + 1 + p for p in range(n)], trust=opts.trust,
-        trust_beta=opts.trust_beta, eps=opts.eps, min_group=opts.min_group,
+        tokens, seeds=[seed + 1 + p for p in range(n)], trust=opts.trust, trust_beta=opts.trust_beta, eps=opts.eps,
+        min_group=opts.min_group,
     ).numpy()
 
 
@@ -174,9 +172,9 @@ def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions, compare:
     for batch in reader:
         path = str(reader.paths[int(batch.file_index[0])])
         source = batch_source(batch, path)
-        bw, cw, _ = weight_pair(batch, base, compare)
-        perm = permutation_matrix(batch, compare, permutations, seed) if with_perm else None
-        cos, j = batch_cosines(batch, source, bw, cw, perm, clip_eps=clip_eps, dual_clip=dual_clip,
+        weights, _ = weight_pair(batch.tokens, base, compare)
+        perm = permutation_matrix(batch.tokens, compare, permutations, seed) if with_perm else None
+        cos, j = batch_cosines(batch.tokens, weights, source, perm, clip_eps=clip_eps, dual_clip=dual_clip,
                                blocks=blocks)
         ids.append(batch.batch_id)
         rows.append(cos)

@@ -48,11 +48,10 @@ __all__ = [
 
 
 def _column(batch: TokenBatch, reader: DumpReader, name: str) -> np.ndarray:
-    if name not in batch.table.column_names:
+    if name not in batch.tokens.columns:
         f = reader.paths[int(batch.file_index[0])]
         raise DumpError(f, "column present in other input files but missing here", column=name)
-    col = batch.table.column(name)
-    return col.to_numpy(zero_copy_only=False) if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+    return batch.tokens.columns[name]
 
 
 def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches: int) -> dict[str, Any]:
@@ -111,25 +110,23 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     cos_ids: list[int] = []
     n_tokens = n_batches = 0
     for batch in prefetch(reader):
-        a = batch.arrays
-        base, compare, _ = weight_pair(batch, opts.allocator(opts.base), opts.allocator(opts.compare))
-        common = dict(delta=a["delta"], advantage=a["advantage"], base=base, compare=compare, valid=a["valid"])
-        ids = dict(ratio=a["ratio"], traj_id=a["traj_id"], turn_id=a["turn_id"], batch_id=a["batch_id"])
-        pooled.add(**common, **ids)
+        tokens = batch.tokens
+        weights, _ = weight_pair(tokens, opts.allocator(opts.base), opts.allocator(opts.compare))
+        pooled.add(tokens, weights)
         if per_step is not None:
             step = _column(batch, reader, "step")
-            steps.update(np.unique(step[a["valid"]]).tolist())
-            per_step.add(**common, **ids, group=step)
-        land.add(**common, env=_column(batch, reader, "env") if "env" in names else None)
+            steps.update(np.unique(step[tokens.valid]).tolist())
+            per_step.add(tokens, weights, group=step)
+        land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
         if sketch_cols:
-            perm = permutation_matrix(batch, opts.allocator(opts.compare), opts.permutations, opts.seed) if with_perm else None
-            cos, jack = batch_cosines(batch, batch_source(batch, reader.paths[int(batch.file_index[0])]), base, compare,
+            perm = permutation_matrix(tokens, opts.allocator(opts.compare), opts.permutations, opts.seed) if with_perm else None
+            cos, jack = batch_cosines(tokens, weights, batch_source(batch, reader.paths[int(batch.file_index[0])]),
                                       perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, blocks=opts.jackknife_blocks)
             cos_rows.append(cos)
             cos_ids.append(batch.batch_id)
             if jack is not None:
                 cos_jack.append(jack)
-        n_tokens += int(a["valid"].sum())
+        n_tokens += int(tokens.valid.sum())
         n_batches += 1
     boot = dict(n_resamples=opts.n_resamples, confidence_level=opts.confidence_level, rng=opts.seed)
     stats = pooled.finalize(**boot)

@@ -18,6 +18,7 @@ from icsd_audit.stats.results import (
     CLIP_EPS, DUAL_CLIP, EPS, MASS_RTOL, N_SHIFT_BINS, REGIONS, STATISTICS, AuditResults, ClipResult, ClipSet,
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
 )
+from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, factorize
 
 __all__ = ["AuditAccumulator", "midrank_bins"]
@@ -37,9 +38,8 @@ class AuditAccumulator:
     """Reduce batches of tokens to per-turn sums; bootstrap every statistic at the end.
 
     >>> acc = AuditAccumulator(statistics=("tcm", "quadrants"))
-    >>> for b in batches:                                         # doctest: +SKIP
-    ...     acc.add(delta=..., advantage=..., ratio=..., base=g, compare=c,
-    ...             batch_id=..., traj_id=..., turn_id=...)
+    >>> for tokens in read_dumps(paths):                          # doctest: +SKIP
+    ...     acc.add(tokens, Weights(g, c))
     >>> res = acc.finalize(n_resamples=10_000, rng=0)             # doctest: +SKIP
 
     Memory: a few floats per action turn per statistic, whatever the number of tokens.
@@ -87,27 +87,18 @@ class AuditAccumulator:
         self._ratio_moments: dict[int, list[float]] = {}
 
     # -- input
-    def add(
-        self,
-        *,
-        delta: Any,
-        advantage: Any,
-        ratio: Any,
-        base: Any,
-        compare: Any,
-        traj_id: Any,
-        turn_id: Any,
-        batch_id: Any = None,
-        valid: Any = None,
-        u: Any = None,
-        group: Any = None,
-    ) -> None:
-        """Add tokens (one or several batches): per-token arrays of equal length.
+    def add(self, tokens: Tokens, weights: Weights, *, group: Any = None) -> None:
+        """Add tokens (one or several batches) and their two weightings.
 
-        ``base`` / ``compare`` are the two non-negative weightings (e.g. g and c);
-        ``u`` defaults to advantage * ratio * delta in float64; ``group`` is the
-        per-token key of ``by`` (required when the accumulator has ``by``).
+        ``weights.base`` / ``weights.compare`` are the two non-negative weightings (e.g.
+        g and c), labelled as this accumulator's names; ``tokens.u`` defaults to
+        advantage * ratio * delta in float64; ``group`` is the per-token key of ``by``
+        (required when the accumulator has ``by``).
         """
+        _check_weight_names(weights, self.base_name, self.compare_name)
+        delta, advantage, ratio = tokens.delta, tokens.advantage, tokens.ratio
+        traj_id, turn_id, batch_id, valid, u = tokens.traj_id, tokens.turn_id, tokens.batch_id, tokens.valid, tokens.u
+        base, compare = weights.base, weights.compare
         delta_a = as_numpy(delta, "delta")
         n = delta_a.shape[0]
         adv_a = as_numpy(advantage, "advantage", n)
@@ -384,6 +375,12 @@ class AuditAccumulator:
                 cols[f"sh_{lab}_{side}"] = np.ascontiguousarray(per[:, i])
             cols[f"sh_total_{side}"] = np.bincount(cl, weights=s, minlength=n)
         return meta
+
+
+def _check_weight_names(weights: Weights, base_name: str, compare_name: str) -> None:
+    if (weights.base_name, weights.compare_name) != (base_name, compare_name):
+        raise ValueError(f"weights are labelled ({weights.base_name}, {weights.compare_name}) but the accumulator "
+                         f"compares ({base_name}, {compare_name})")
 
 
 def midrank_bins(values: np.ndarray, n_bins: int, *, weights: np.ndarray | None = None) -> np.ndarray:

@@ -14,8 +14,9 @@ All but the landscape carry percentile bootstrap intervals for both weightings a
 for the paired difference (compare minus base, on the same resamples).  Fractions
 throughout, never percent (except ``shift_pp``, the share shift in points).
 
-Every function takes flat per-token arrays (numpy or torch), reduces them once to
-per-turn sums (:mod:`icsd_audit.stats.turns`) and bootstraps those
+Every function takes ``(tokens, weights, *, options)``: a
+:class:`~icsd_audit.tokens.Tokens` (flat per-token arrays, numpy or torch) and the
+:class:`~icsd_audit.tokens.Weights` to compare; it reduces them once to per-turn sums (:mod:`icsd_audit.stats.turns`) and bootstraps those
 (:mod:`icsd_audit.stats.bootstrap`).  For data that arrive batch by batch, feed an
 :class:`AuditAccumulator` (and :class:`LandscapeAccumulator`) and finalize once:
 all statistics then share one set of resamples.  ``by`` (a per-token key: step,
@@ -27,6 +28,8 @@ Definitions, design and the JSON contract: ``docs/statistics.md``.
 from __future__ import annotations
 
 from typing import Any
+
+from icsd_audit.tokens import Tokens, Weights
 
 from icsd_audit.stats.accumulator import AuditAccumulator, midrank_bins
 from icsd_audit.stats.landscape import LandscapeAccumulator, LandscapeGrid, LandscapeResult, landscape
@@ -40,60 +43,45 @@ __all__ = [
     "EPS", "CLIP_EPS", "DUAL_CLIP", "N_SHIFT_BINS", "LANDSCAPE_GRID", "MASS_RTOL", "REGIONS", "STATISTICS",
     "shift_bin_labels", "PairedResult", "TCMResult", "QuadrantsResult", "ShiftBin", "ShiftResult", "ClipSet",
     "ClipResult", "GroupedResult", "AuditResults", "AuditAccumulator", "LandscapeGrid", "LandscapeResult",
-    "LandscapeAccumulator", "tcm", "quadrants", "share_shift", "clip_exposure", "audit", "landscape", "midrank_bins",
+    "LandscapeAccumulator", "Tokens", "Weights", "tcm", "quadrants", "quadrant_shares", "share_shift", "clip_exposure", "audit", "landscape", "midrank_bins",
 ]
 
 
 # --------------------------------------------------------------------------- one-call API
 
 
-def _one_call(
-    statistic: str,
-    *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
-    by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
-    n_resamples: int = 10_000,
-    confidence_level: float = 0.95,
-    unit: str = "action-turn",
-    rng: Any = None,
-    chunk_size: int | None = None,
-    workers: int = 1,
-    **options: Any,
-) -> Any:
+def _one_call(statistic: str, tokens: Tokens, weights: Weights, *, by: Any, by_name: str | None, n_resamples: int,
+              confidence_level: float, unit: str, rng: Any, chunk_size: int | None, workers: int,
+              **options: Any) -> Any:
+    if isinstance(by, str):
+        by_name = by if by_name is None else by_name
+        by = tokens.column(by)
     acc = AuditAccumulator(
         statistics=(statistic,) if statistic != "all" else STATISTICS,
-        base_name=base_name, compare_name=compare_name, by=by_name if by is not None else None, **options,
+        base_name=weights.base_name, compare_name=weights.compare_name,
+        by=(by_name or "group") if by is not None else None, **options,
     )
-    acc.add(delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-            turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, group=by)
+    acc.add(tokens, weights, group=by)
     res = acc.finalize(n_resamples=n_resamples, confidence_level=confidence_level, unit=unit, rng=rng,
                        chunk_size=chunk_size, workers=workers)
     return res if statistic == "all" else getattr(res, statistic)
 
 
 _COMMON_DOC = """
-    Parameters (keyword-only)
-    -------------------------
-    delta, advantage, ratio : per-token arrays (numpy or torch).
-    base, compare : the two non-negative per-token weightings (e.g. ``g`` and ``c``),
-        labelled ``base_name`` / ``compare_name`` (default "sdar" / "icsd").
-    traj_id, turn_id, batch_id : integer ids; an action turn is (batch, traj, turn);
-        ``batch_id`` defaults to one batch.
-    valid : optional bool mask; invalid rows enter no statistic.
-    by, by_name : optional per-token group key; every statistic is then computed per
-        key value and a :class:`GroupedResult` (labelled ``by_name``) is returned.
+    Parameters
+    ----------
+    tokens : :class:`~icsd_audit.tokens.Tokens` -- delta, advantage, ratio, the ids
+        (an action turn is (batch, traj, turn); ``batch_id`` defaults to one batch),
+        ``valid`` (invalid rows enter no statistic) and optionally ``u``.
+    weights : :class:`~icsd_audit.tokens.Weights` -- the two non-negative per-token
+        weightings (e.g. ``g`` and ``c``) and their labels (default "sdar" / "icsd").
+
+    Keyword-only options
+    --------------------
+    by, by_name : optional per-token group key (an array, or the name of a column of
+        ``tokens`` such as ``"step"``); every statistic is then computed per key value
+        and a :class:`GroupedResult` (labelled ``by_name``, default the column name or
+        "group") is returned.
     n_resamples, confidence_level, unit, rng, chunk_size, workers : bootstrap options
         (:func:`icsd_audit.stats.bootstrap.bootstrap_ratio_columns`); ``unit="batch"``
         resamples whole batches instead of action turns.
@@ -101,21 +89,11 @@ _COMMON_DOC = """
 
 
 def tcm(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
     by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
+    by_name: str | None = None,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
     unit: str = "action-turn",
@@ -126,34 +104,19 @@ def tcm(
 ) -> TCMResult | GroupedResult:
     """Trusted-conflict mass: sum w over {delta>0, |u|>eps, u<0} / sum w over {delta>0, |u|>eps}.
 
-    ``u`` (optional) overrides advantage * ratio * delta (computed in float64).
+    ``tokens.u`` (optional) overrides advantage * ratio * delta (computed in float64).
     """
-    return _one_call(
-        "tcm",
-        delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-        turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, by=by, by_name=by_name, base_name=base_name,
-        compare_name=compare_name, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
-        rng=rng, chunk_size=chunk_size, workers=workers,
-        eps=eps,
-    )
+    return _one_call("tcm", tokens, weights, by=by, by_name=by_name, n_resamples=n_resamples,
+                     confidence_level=confidence_level, unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
+                     eps=eps)
 
 
 def quadrants(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
     by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
+    by_name: str | None = None,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
     unit: str = "action-turn",
@@ -170,32 +133,17 @@ def quadrants(
     totals agree to ``mass_rtol`` (turn mass matching), gets a difference of exactly 0
     (ICSD's double-negative region) instead of a rounding residue.
     """
-    return _one_call(
-        "quadrants",
-        delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-        turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, by=by, by_name=by_name, base_name=base_name,
-        compare_name=compare_name, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
-        rng=rng, chunk_size=chunk_size, workers=workers,
-        mass_rtol=mass_rtol,
-    )
+    return _one_call("quadrants", tokens, weights, by=by, by_name=by_name, n_resamples=n_resamples,
+                     confidence_level=confidence_level, unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
+                     mass_rtol=mass_rtol)
 
 
 def share_shift(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
     by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
+    by_name: str | None = None,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
     unit: str = "action-turn",
@@ -211,32 +159,17 @@ def share_shift(
     the ``zero`` bin.  Per bin: share of S+ mass under each weighting and
     ``diff`` = compare share - base share (``shift_pp`` = 100 x diff, SPEC 6).
     """
-    return _one_call(
-        "shift",
-        delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-        turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, by=by, by_name=by_name, base_name=base_name,
-        compare_name=compare_name, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
-        rng=rng, chunk_size=chunk_size, workers=workers,
-        n_bins=n_bins,
-    )
+    return _one_call("shift", tokens, weights, by=by, by_name=by_name, n_resamples=n_resamples,
+                     confidence_level=confidence_level, unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
+                     n_bins=n_bins)
 
 
 def clip_exposure(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
     by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
+    by_name: str | None = None,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
     unit: str = "action-turn",
@@ -254,32 +187,17 @@ def clip_exposure(
     sum w * |delta|; plus the count of tokens at the dual-clip cap.  The rule is
     evaluated in the ratio's own dtype, as :func:`icsd_audit.grads.compat.surrogate_flat`.
     """
-    return _one_call(
-        "clip",
-        delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-        turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, by=by, by_name=by_name, base_name=base_name,
-        compare_name=compare_name, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
-        rng=rng, chunk_size=chunk_size, workers=workers,
-        clip_eps=clip_eps, dual_clip=dual_clip,
-    )
+    return _one_call("clip", tokens, weights, by=by, by_name=by_name, n_resamples=n_resamples,
+                     confidence_level=confidence_level, unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
+                     clip_eps=clip_eps, dual_clip=dual_clip)
 
 
 def audit(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    ratio: Any,
-    base: Any,
-    compare: Any,
-    traj_id: Any,
-    turn_id: Any,
-    batch_id: Any = None,
-    valid: Any = None,
-    u: Any = None,
     by: Any = None,
-    by_name: str = "group",
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
+    by_name: str | None = None,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
     unit: str = "action-turn",
@@ -293,15 +211,13 @@ def audit(
     dual_clip: float = DUAL_CLIP,
 ) -> AuditResults:
     """TCM, quadrants, share shift and clipping exposure on one shared set of resamples."""
-    return _one_call(
-        "all",
-        delta=delta, advantage=advantage, ratio=ratio, base=base, compare=compare, traj_id=traj_id,
-        turn_id=turn_id, batch_id=batch_id, valid=valid, u=u, by=by, by_name=by_name, base_name=base_name,
-        compare_name=compare_name, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
-        rng=rng, chunk_size=chunk_size, workers=workers,
-        eps=eps, mass_rtol=mass_rtol, n_bins=n_bins, clip_eps=clip_eps, dual_clip=dual_clip,
-    )
+    return _one_call("all", tokens, weights, by=by, by_name=by_name, n_resamples=n_resamples,
+                     confidence_level=confidence_level, unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
+                     eps=eps, mass_rtol=mass_rtol, n_bins=n_bins, clip_eps=clip_eps, dual_clip=dual_clip)
 
+
+#: alias under the name the paper and the CLI use for the sign-region statistic
+quadrant_shares = quadrants
 
 for _f in (tcm, quadrants, share_shift, clip_exposure, audit):
     _f.__doc__ = (_f.__doc__ or "") + _COMMON_DOC

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from icsd_audit.stats.accumulator import midrank_bins
+from icsd_audit.stats.accumulator import _check_weight_names, midrank_bins
+from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
 from icsd_audit.stats.turns import GroupCodes, as_numpy, check_finite
 
@@ -93,8 +94,10 @@ class LandscapeAccumulator:
         self._rows = 0
         self._has_env: bool | None = None
 
-    def add(self, *, delta: Any, advantage: Any, base: Any, compare: Any, env: Any = None, valid: Any = None) -> None:
-        """Add per-token arrays of one or more batches (``env`` for all batches or none)."""
+    def add(self, tokens: Tokens, weights: Weights, *, env: Any = None) -> None:
+        """Add the tokens of one or more batches and their weightings (``env`` for all batches or none)."""
+        _check_weight_names(weights, self.base_name, self.compare_name)
+        delta, advantage, valid, base, compare = tokens.delta, tokens.advantage, tokens.valid, weights.base, weights.compare
         d = as_numpy(delta, "delta")
         n = d.shape[0]
         a = as_numpy(advantage, "advantage", n)
@@ -152,16 +155,11 @@ class LandscapeAccumulator:
 
 
 def landscape(
+    tokens: Tokens,
+    weights: Weights,
     *,
-    delta: Any,
-    advantage: Any,
-    base: Any,
-    compare: Any,
     env: Any = None,
-    valid: Any = None,
     grid: int = LANDSCAPE_GRID,
-    base_name: str = "sdar",
-    compare_name: str = "icsd",
 ) -> LandscapeResult:
     """Normalized allocation intensity on a joint mid-rank grid, per environment.
 
@@ -169,8 +167,9 @@ def landscape(
     q = (rank - 1/2) / n (average ranks for ties), and bin floor(grid * q); per
     cell (i = delta bin, j = advantage bin), intensity = mean w in the cell / mean w
     in the environment, for both weightings; ``density`` is the token share per cell.
+    ``env``: per-token environment labels, or the name of a column of ``tokens``
+    (``"env"``); None pools every token as one environment.
     """
-    acc = LandscapeAccumulator(grid=grid, base_name=base_name, compare_name=compare_name)
-    acc.add(delta=delta, advantage=advantage, base=base, compare=compare, env=env, valid=valid)
+    acc = LandscapeAccumulator(grid=grid, base_name=weights.base_name, compare_name=weights.compare_name)
+    acc.add(tokens, weights, env=tokens.column(env) if isinstance(env, str) else env)
     return acc.finalize()
-

@@ -44,9 +44,9 @@ class AuditRequest:
 def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | None:
     if by is None:
         return None
-    if by not in batch.table.column_names:
+    if by not in batch.tokens.columns:
         raise DumpError(path, f"--by {by} needs this column, which the dump lacks", column=by)
-    return batch.table.column(by).to_numpy(zero_copy_only=False)
+    return batch.tokens.columns[by]
 
 
 def run_audit(
@@ -63,10 +63,8 @@ def run_audit(
                            n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
     n = len(reader.batch_ids)
     for i, batch in enumerate(prefetch(reader)):
-        base, compare, u = weight_pair(batch, req.base, req.compare)
-        a = batch.arrays
-        acc.add(delta=a["delta"], advantage=a["advantage"], ratio=a["ratio"], base=base, compare=compare,
-                traj_id=a["traj_id"], turn_id=a["turn_id"], batch_id=a["batch_id"], valid=a["valid"], u=u,
+        weights, u = weight_pair(batch.tokens, req.base, req.compare)
+        acc.add(batch.tokens.replace(u=u), weights,
                 group=_group_key(batch, req.by, str(reader.paths[int(batch.file_index[0])])))
         if progress is not None:
             progress(i + 1, n)
@@ -79,8 +77,6 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int =
     reader = DumpReader(paths, columns=["env"])
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator)
     for batch in prefetch(reader):
-        base, compare, _ = weight_pair(batch, req.base, req.compare)
-        a = batch.arrays
-        env = batch.table.column("env").to_numpy(zero_copy_only=False) if "env" in batch.table.column_names else None
-        acc.add(delta=a["delta"], advantage=a["advantage"], base=base, compare=compare, env=env, valid=a["valid"])
+        weights, _ = weight_pair(batch.tokens, req.base, req.compare)
+        acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
     return acc.finalize()

@@ -76,12 +76,14 @@ def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = 1e-4) -> dict[str, f
     if not arrays or arrays.get("c") is None or np.asarray(arrays["c"]).size == 0:
         return {}
     from icsd_audit.stats.api import tcm
+    from icsd_audit.tokens import Tokens, Weights
 
     a = {k: np.asarray(v) for k, v in arrays.items()}
+    f64 = {k: a[k].astype(np.float64) for k in ("delta", "advantage", "ratio", "g", "c")}
+    tokens = Tokens(advantage=f64["advantage"], ratio=f64["ratio"], delta=f64["delta"], traj_id=a["traj_id"],
+                    turn_id=a["turn_id"], batch_id=a["batch_id"])
     try:
-        res = tcm(delta=a["delta"].astype(np.float64), advantage=a["advantage"].astype(np.float64),
-                  ratio=a["ratio"].astype(np.float64), base=a["g"].astype(np.float64), compare=a["c"].astype(np.float64),
-                  traj_id=a["traj_id"], turn_id=a["turn_id"], batch_id=a["batch_id"], eps=eps, n_resamples=1, rng=0)
+        res = tcm(tokens, Weights(f64["g"], f64["c"]), eps=eps, n_resamples=1, rng=0)
     except ValueError:
         return {"tcm": float("nan"), "tcm_trust": float("nan"), "tcm_active_tokens": 0.0}
     return {"tcm": float(res.compare.estimate), "tcm_trust": float(res.base.estimate),

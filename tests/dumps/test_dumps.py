@@ -54,7 +54,7 @@ def test_reader_streams_each_batch_whole(tmp_path: Path) -> None:
     for batch in reader:
         want = np.flatnonzero(cols["batch_id"] == batch.batch_id)
         assert batch.n_rows == want.size
-        assert np.array_equal(np.sort(batch.arrays["delta"]), np.sort(cols["delta"][want].astype(np.float64)))
+        assert np.array_equal(np.sort(batch.tokens.delta), np.sort(cols["delta"][want].astype(np.float64)))
         seen += batch.n_rows
     assert seen == 5000 and len(reader.batch_ids) == 3
 
@@ -128,23 +128,6 @@ def test_not_parquet_and_missing_path(tmp_path: Path) -> None:
     assert res.returncode == 2 and "no such file or directory" in res.stderr
 
 
-def test_help_does_not_import_torch() -> None:
-    code = "import sys; from icsd_audit.cli.main import app; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-    res = run_cli("--help")
-    assert res.returncode == 0 and "audit" in res.stdout
-
-
-def test_core_modules_import_no_io_or_cli_packages() -> None:
-    code = (
-        "import sys; import icsd_audit.alloc.variants, icsd_audit.alloc.segments, icsd_audit.alloc.calibration,"
-        " icsd_audit.alloc.permutation, icsd_audit.stats.api, icsd_audit.stats.bootstrap, icsd_audit.grads.compat;"
-        "bad = [m for m in ('pyarrow','polars','typer','rich','matplotlib') if m in sys.modules];"
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
 def test_mixed_widths_are_accepted(tmp_path: Path) -> None:
     cols = synth_tokens(300, seed=4, n_batches=1)
     cols["batch_id"] = cols["batch_id"].astype(np.int16)
@@ -152,7 +135,7 @@ def test_mixed_widths_are_accepted(tmp_path: Path) -> None:
     cols["ratio"] = cols["ratio"].astype(np.float64)
     pq.write_table(pa.table(cols), tmp_path / "w.parquet")
     (batch,) = list(DumpReader([tmp_path / "w.parquet"]))
-    assert batch.arrays["delta"].dtype == np.float64 and batch.arrays["batch_id"].dtype == np.int64
+    assert batch.tokens.delta.dtype == np.float64 and batch.tokens.batch_id.dtype == np.int64
 
 
 def test_written_shards_follow_the_umask(tmp_path: Path) -> None:

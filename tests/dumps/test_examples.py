@@ -20,7 +20,7 @@ def test_cpu_demo_deployed_coefficients_recompute_exactly() -> None:
                             min_group=meta["allocator"]["min_group"], eps=meta["allocator"]["eps"])
     n = 0
     for batch in reader:
-        alloc = allocate_batch(batch, opts)
+        alloc = allocate_batch(batch.tokens, opts)
         for k in ("g", "m", "c"):
             dumped = batch.table.column(k).to_numpy().astype(np.float64)
             # dumps store float32: recomputed float64 values round to the stored ones

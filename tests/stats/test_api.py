@@ -11,6 +11,7 @@ import pytest
 
 from icsd_audit import stats
 from icsd_audit.stats.api import REGIONS, shift_bin_labels
+from icsd_audit.tokens import Tokens, Weights
 
 TOL = 1e-9  # the contract is 1e-6
 
@@ -69,14 +70,25 @@ def make_tokens(seed: int, n_batches: int = 3, shuffle: bool = True, float32: bo
     return out
 
 
-def call_kwargs(d: dict[str, np.ndarray], **extra) -> dict:
-    kw = dict(
-        delta=d["delta"], advantage=d["advantage"], ratio=d["ratio"], base=d["g"], compare=d["c"],
-        batch_id=d["batch_id"], traj_id=d["traj_id"], turn_id=d["turn_id"], valid=d["valid"],
-        n_resamples=400, rng=0,
-    )
-    kw.update(extra)
-    return kw
+_TOKEN_KEYS = ("delta", "advantage", "ratio", "traj_id", "turn_id", "batch_id", "valid", "u")
+
+
+def split_call(d: dict[str, np.ndarray], **extra) -> tuple[Tokens, Weights, dict]:
+    """(tokens, weights, options) of the random columns ``d``; ``extra`` overrides any of them."""
+    cols = {k: d[k] for k in ("delta", "advantage", "ratio", "traj_id", "turn_id", "batch_id", "valid")}
+    cols.update({k: v for k, v in extra.items() if k in _TOKEN_KEYS})
+    tokens = Tokens(**cols)
+    names = {k: extra[k] for k in ("base_name", "compare_name") if k in extra}
+    weights = Weights(extra.get("base", d["g"]), extra.get("compare", d["c"]), **names)
+    options = dict(n_resamples=400, rng=0)
+    options.update({k: v for k, v in extra.items() if k not in _TOKEN_KEYS + ("base", "compare", "base_name", "compare_name")})
+    return tokens, weights, options
+
+
+def run(fn, d: dict[str, np.ndarray], **extra):
+    """Call statistic ``fn`` on the random columns ``d`` as ``fn(tokens, weights, **options)``."""
+    tokens, weights, options = split_call(d, **extra)
+    return fn(tokens, weights, **options)
 
 
 # --------------------------------------------------------------------------- slow references
@@ -182,7 +194,7 @@ def ref_clip(d, w, clip=0.2, dual=3.0):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_tcm_matches_reference(seed, shuffle):
     d = make_tokens(seed, shuffle=shuffle)
-    r = stats.tcm(**call_kwargs(d))
+    r = run(stats.tcm, d)
     assert abs(r.base.estimate - ref_tcm(d, "g")) < TOL
     assert abs(r.compare.estimate - ref_tcm(d, "c")) < TOL
     assert abs(r.diff.estimate - (ref_tcm(d, "c") - ref_tcm(d, "g"))) < TOL
@@ -195,11 +207,11 @@ def test_tcm_matches_reference(seed, shuffle):
 def test_tcm_eps_and_given_u():
     d = make_tokens(3)
     for eps in (0.0, 1e-4, 0.05):
-        r = stats.tcm(**call_kwargs(d), eps=eps)
+        r = run(stats.tcm, d, eps=eps)
         assert abs(r.base.estimate - ref_tcm(d, "g", eps=eps)) < TOL
     # a supplied u replaces advantage * ratio * delta
     u = -(d["advantage"].astype(np.float64) * d["ratio"] * d["delta"])
-    r = stats.tcm(**call_kwargs(d), u=u)
+    r = run(stats.tcm, d, u=u)
     flipped = dict(d, advantage=-d["advantage"])
     assert abs(r.compare.estimate - ref_tcm(flipped, "c")) < TOL
 
@@ -207,7 +219,7 @@ def test_tcm_eps_and_given_u():
 @pytest.mark.parametrize("seed", [0, 4])
 def test_quadrants_match_reference_and_double_negative_is_exactly_zero(seed):
     d = make_tokens(seed)
-    r = stats.quadrants(**call_kwargs(d))
+    r = run(stats.quadrants, d)
     rg, rc = ref_quadrants(d, "g"), ref_quadrants(d, "c")
     for reg in REGIONS:
         p = r.regions[reg]
@@ -224,7 +236,7 @@ def test_quadrants_match_reference_and_double_negative_is_exactly_zero(seed):
 def test_double_negative_not_forced_when_masses_differ():
     d = make_tokens(5)
     c2 = d["c"] * 1.5  # no longer turn-mass matched: the shares differ for real
-    r = stats.quadrants(**call_kwargs(dict(d, c=c2)))
+    r = run(stats.quadrants, dict(d, c=c2))
     ref = ref_quadrants(dict(d, c=c2), "c")["neg_delta_neg_adv"] - ref_quadrants(d, "g")["neg_delta_neg_adv"]
     assert abs(r.regions["neg_delta_neg_adv"].diff.estimate - ref) < TOL
 
@@ -232,7 +244,7 @@ def test_double_negative_not_forced_when_masses_differ():
 @pytest.mark.parametrize("seed", [0, 6])
 def test_share_shift_matches_reference(seed):
     d = make_tokens(seed)
-    r = stats.share_shift(**call_kwargs(d))
+    r = run(stats.share_shift, d)
     ref = ref_shift(d)
     for lab in shift_bin_labels():
         b = r.bins[lab]
@@ -266,7 +278,7 @@ def test_midrank_bins_keep_ties_and_balance():
 @pytest.mark.parametrize("seed", [0, 7])
 def test_clip_exposure_matches_reference(seed):
     d = make_tokens(seed)
-    r = stats.clip_exposure(**call_kwargs(d))
+    r = run(stats.clip_exposure, d)
     for w, side in (("g", "base"), ("c", "compare")):
         ref = ref_clip(d, w)
         assert abs(r.outside.tokens.estimate - ref["out_tokens"]) < TOL
@@ -282,15 +294,16 @@ def test_clip_exposure_matches_reference(seed):
 
 
 def test_clip_boundary_uses_input_dtype():
-    # float32 1.2 sits on the boundary in float32 (not outside), as in gradcompat.surrogate_flat
+    # float32 1.2 sits on the boundary in float32 (not outside), as in grads.compat.surrogate_flat
     n = 8
     kw = dict(delta=np.ones(n, np.float32), advantage=np.ones(n, np.float32), ratio=np.full(n, 1.2, np.float32),
-              base=np.ones(n), compare=np.ones(n), traj_id=np.arange(n), turn_id=np.zeros(n, np.int64), n_resamples=50, rng=0)
-    r = stats.clip_exposure(**kw)
+              traj_id=np.arange(n), turn_id=np.zeros(n, np.int64))
+    w = Weights(np.ones(n), np.ones(n))
+    r = stats.clip_exposure(Tokens(**kw), w, n_resamples=50, rng=0)
     assert r.outside.n_tokens == 0 and r.flat.n_tokens == 0
     kw["ratio"] = np.full(n, 3.5, np.float32)
     kw["advantage"] = -np.ones(n, np.float32)
-    r = stats.clip_exposure(**kw)
+    r = stats.clip_exposure(Tokens(**kw), w, n_resamples=50, rng=0)
     assert r.dual_clip_cap_count == n and r.flat.n_tokens == n and r.dual_clip_cap.estimate == 1.0
 
 
@@ -318,7 +331,7 @@ def all_results(res):
 
 def test_intervals_contain_estimates():
     d = make_tokens(10)
-    res = stats.audit(**call_kwargs(d))
+    res = run(stats.audit, d)
     trip = all_results(res)
     assert len(trip) > 50
     for t in trip:
@@ -329,7 +342,7 @@ def test_intervals_contain_estimates():
 
 def test_json_contract_shapes():
     d = make_tokens(11)
-    res = stats.audit(**call_kwargs(d, base_name="sdar", compare_name="icsd"))
+    res = run(stats.audit, d, base_name="sdar", compare_name="icsd")
     j = json.loads(json.dumps(res.to_dict()))
     t = j["tcm"]
     for k in ("n_tokens", "n_turns", "n_batches", "sdar", "icsd", "diff"):
@@ -345,28 +358,28 @@ def test_json_contract_shapes():
     assert list(j["shift"]["bins"]) == list(shift_bin_labels())
     assert {"outside", "flat", "dual_clip_cap"} <= set(j["clip"])
     # other labels for the two weightings
-    r = stats.tcm(**call_kwargs(d, base_name="sdar", compare_name="fisher"))
+    r = run(stats.tcm, d, base_name="sdar", compare_name="fisher")
     assert {"sdar", "fisher", "diff"} <= set(r.to_dict())
     with pytest.raises(ValueError):
-        stats.tcm(**call_kwargs(d, base_name="diff"))
+        run(stats.tcm, d, base_name="diff")
     with pytest.raises(ValueError):
-        stats.tcm(**call_kwargs(d, base_name="x", compare_name="x"))
+        run(stats.tcm, d, base_name="x", compare_name="x")
 
 
 def test_by_group_equals_subset():
     d = make_tokens(12, n_batches=4)
-    g = stats.tcm(**call_kwargs(d, by=d["step"], by_name="step"))
+    g = run(stats.tcm, d, by=d["step"], by_name="step")
     assert g.keys == (0, 1)
     j = g.to_dict()
     assert j["by"] == "step" and [x["key"] for x in j["groups"]] == [0, 1]
     for key in (0, 1):
         s = d["step"] == key
         sub = {k: v[s] for k, v in d.items()}
-        alone = stats.tcm(**call_kwargs(sub))
+        alone = run(stats.tcm, sub)
         assert abs(g[key].base.estimate - alone.base.estimate) < 1e-12
         assert abs(g[key].compare.estimate - ref_tcm(d, "c", sel=s)) < TOL
         assert g[key].n_turns == alone.n_turns and g[key].n_batches == 2
-    q = stats.quadrants(**call_kwargs(d, by=d["env"], by_name="env"))
+    q = run(stats.quadrants, d, by=d["env"], by_name="env")
     assert q.keys == ("alfworld", "webshop")
     for key in q.keys:
         ref = ref_quadrants(d, "g", sel=d["env"] == key)
@@ -380,31 +393,30 @@ def test_streaming_accumulator_equals_one_call():
     acc = stats.AuditAccumulator()
     for b in np.unique(d["batch_id"]):
         s = d["batch_id"] == b
-        acc.add(delta=d["delta"][s], advantage=d["advantage"][s], ratio=d["ratio"][s], base=d["g"][s],
-                compare=d["c"][s], batch_id=d["batch_id"][s], traj_id=d["traj_id"][s], turn_id=d["turn_id"][s],
-                valid=d["valid"][s])
+        tokens, weights, _ = split_call({k: v[s] for k, v in d.items()})
+        acc.add(tokens, weights)
     a = acc.finalize(n_resamples=300, rng=5).to_dict()
-    b = stats.audit(**call_kwargs(d, n_resamples=300, rng=5)).to_dict()
+    b = run(stats.audit, d, n_resamples=300, rng=5).to_dict()
     assert a == b  # same turn order, same resamples: identical
 
 
 def test_valid_mask_equals_filtering_and_torch_inputs():
     torch = pytest.importorskip("torch")
     d = make_tokens(14)
-    r1 = stats.quadrants(**call_kwargs(d))
+    r1 = run(stats.quadrants, d)
     v = d["valid"]
     sub = {k: x[v] for k, x in d.items()}
-    r2 = stats.quadrants(**call_kwargs(sub, valid=None))
+    r2 = run(stats.quadrants, sub, valid=None)
     for reg in REGIONS:
         assert abs(r1.regions[reg].compare.estimate - r2.regions[reg].compare.estimate) < 1e-12
     tk = {k: torch.from_numpy(np.ascontiguousarray(x)) for k, x in d.items() if x.dtype.kind != "U"}
-    r3 = stats.quadrants(**call_kwargs(tk))
+    r3 = run(stats.quadrants, tk)
     assert r3.to_dict() == r1.to_dict()
 
 
 def test_identical_weightings_have_zero_differences():
     d = make_tokens(15)
-    res = stats.audit(**call_kwargs(dict(d, c=d["g"])))
+    res = run(stats.audit, dict(d, c=d["g"]))
     assert res.tcm.diff.estimate == 0.0 and res.tcm.diff.ci_low == 0.0 and res.tcm.diff.ci_high == 0.0
     for reg in REGIONS:
         assert res.quadrants.regions[reg].diff.ci_high == 0.0
@@ -412,7 +424,7 @@ def test_identical_weightings_have_zero_differences():
 
 def test_batch_unit_option():
     d = make_tokens(16, n_batches=6)
-    r = stats.tcm(**call_kwargs(d, unit="batch"))
+    r = run(stats.tcm, d, unit="batch")
     assert r.base.unit == "batch" and r.to_dict()["bootstrap"]["unit"] == "batch"
     assert r.base.ci_low <= r.base.estimate <= r.base.ci_high
     assert abs(r.base.estimate - ref_tcm(d, "g")) < TOL
@@ -427,27 +439,27 @@ def test_input_errors_name_column_and_row():
     i = int(np.flatnonzero(d["valid"])[3])
     bad[i] = np.nan
     with pytest.raises(ValueError, match=rf"delta: non-finite value nan at row {i}$"):
-        stats.tcm(**call_kwargs(dict(d, delta=bad)))
+        run(stats.tcm, dict(d, delta=bad))
     neg = d["c"].copy()
     neg[i] = -1.0
     with pytest.raises(ValueError, match=rf"icsd: negative weight -1.0 at row {i}"):
-        stats.tcm(**call_kwargs(dict(d, c=neg)))
-    with pytest.raises(ValueError, match="rows, expected"):
-        stats.tcm(**call_kwargs(dict(d, ratio=d["ratio"][:-1])))
+        run(stats.tcm, dict(d, c=neg))
+    with pytest.raises(ValueError, match="ratio: length .* differs"):
+        run(stats.tcm, dict(d, ratio=d["ratio"][:-1]))
     with pytest.raises(ValueError, match="integers"):
-        stats.tcm(**call_kwargs(dict(d, turn_id=d["turn_id"].astype(float))))
+        run(stats.tcm, dict(d, turn_id=d["turn_id"].astype(float)))
     with pytest.raises(ValueError, match="n_resamples"):
-        stats.tcm(**call_kwargs(d, n_resamples=0))
+        run(stats.tcm, d, n_resamples=0)
     with pytest.raises(ValueError, match="confidence_level"):
-        stats.tcm(**call_kwargs(d, confidence_level=95))
+        run(stats.tcm, d, confidence_level=95)
     with pytest.raises(ValueError, match="no valid tokens"):
-        stats.tcm(**call_kwargs(d, valid=np.zeros(d["delta"].size, bool)))
+        run(stats.tcm, d, valid=np.zeros(d["delta"].size, bool))
     with pytest.raises(ValueError, match="unknown statistics"):
         stats.AuditAccumulator(statistics=("tcm", "nope"))
     with pytest.raises(ValueError, match="eps"):
-        stats.tcm(**call_kwargs(d), eps=-1)
+        run(stats.tcm, d, eps=-1)
     # NaN on an invalid row is ignored (the row enters no statistic)
     j = int(np.flatnonzero(~d["valid"])[0])
     bad = d["delta"].copy()
     bad[j] = np.nan
-    stats.tcm(**call_kwargs(dict(d, delta=bad)))
+    run(stats.tcm, dict(d, delta=bad))

@@ -7,6 +7,7 @@ import pytest
 from scipy import stats as sps
 
 from icsd_audit import stats
+from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.bootstrap import (
     BLOCK,
     BootstrapResult,
@@ -162,11 +163,11 @@ def test_results_do_not_depend_on_chunk_size_or_workers():
 
 
 def test_stats_results_do_not_depend_on_chunk_size():
-    from tests.stats.test_api import call_kwargs, make_tokens
+    from tests.stats.test_api import make_tokens, run
 
     d = make_tokens(21)
-    a = stats.audit(**call_kwargs(d, chunk_size=16)).to_dict()
-    b = stats.audit(**call_kwargs(d, chunk_size=4096, workers=2)).to_dict()
+    a = run(stats.audit, d, chunk_size=16).to_dict()
+    b = run(stats.audit, d, chunk_size=4096, workers=2).to_dict()
     assert a == b
 
 
@@ -309,10 +310,10 @@ def slow_stratified_bootstrap(d, weights_names, n_resamples, seed):
 
 
 def test_interval_widths_agree_with_independent_slow_bootstrap():
-    from tests.stats.test_api import call_kwargs, make_tokens
+    from tests.stats.test_api import make_tokens, run
 
     d = make_tokens(30, n_batches=4)
-    res = stats.audit(**call_kwargs(d, n_resamples=4000, rng=11))
+    res = run(stats.audit, d, n_resamples=4000, rng=11)
     slow = slow_stratified_bootstrap(d, ("g", "c"), 500, seed=12)
     pairs = {
         "tcm:g": res.tcm.base, "tcm:c": res.tcm.compare, "tcm:diff": res.tcm.diff,
@@ -370,7 +371,8 @@ def test_coverage_of_95_percent_intervals():
         acc = stats.AuditAccumulator(statistics=("tcm",))
         for b, p in enumerate(ps):
             tok = coverage_population(rng, p, 120)
-            acc.add(batch_id=np.full(tok["delta"].size, b), **tok)
+            acc.add(Tokens(batch_id=np.full(tok["delta"].size, b), **{k: v for k, v in tok.items() if k not in ("base", "compare")}),
+                    Weights(tok["base"], tok["compare"]))
         r = acc.finalize(n_resamples=1000, rng=rep).tcm
         for k in truth:
             x = getattr(r, k)

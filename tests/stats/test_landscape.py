@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from icsd_audit import stats
-from tests.stats.test_api import make_tokens, ref_bins
+from icsd_audit.tokens import Weights
+from tests.stats.test_api import make_tokens, ref_bins, split_call
 
 
 def ref_landscape(d, w, grid, env=None):
@@ -34,8 +35,8 @@ def ref_landscape(d, w, grid, env=None):
 
 def test_landscape_matches_reference_per_env():
     d = make_tokens(8, n_batches=4)
-    res = stats.landscape(delta=d["delta"], advantage=d["advantage"], base=d["g"], compare=d["c"], env=d["env"],
-                          valid=d["valid"], grid=6)
+    tokens, weights, _ = split_call(d)
+    res = stats.landscape(tokens, weights, env=d["env"], grid=6)
     assert set(res.envs) == {"alfworld", "webshop"}
     for env, gridres in res.envs.items():
         for w, name in (("g", "sdar"), ("c", "icsd")):
@@ -48,7 +49,7 @@ def test_landscape_matches_reference_per_env():
             x = d[name][sel]
             assert gridres.zero_rank[name] == ((x < 0).sum() + (x == 0).sum() / 2) / x.size
     # without env: one grid keyed None; JSON-able
-    res = stats.landscape(delta=d["delta"], advantage=d["advantage"], base=d["g"], compare=d["c"], grid=4)
+    res = stats.landscape(tokens.replace(valid=None), weights, grid=4)
     assert list(res.envs) == [None]
     json.dumps(res.to_dict())
 
@@ -58,25 +59,32 @@ def test_landscape_accumulator_equals_one_call():
     acc = stats.LandscapeAccumulator(grid=5)
     for b in np.unique(d["batch_id"]):
         s = d["batch_id"] == b
-        acc.add(delta=d["delta"][s], advantage=d["advantage"][s], base=d["g"][s], compare=d["c"][s], env=d["env"][s], valid=d["valid"][s])
+        tokens, weights, _ = split_call({k: v[s] for k, v in d.items()})
+        acc.add(tokens, weights, env=d["env"][s])
     a = acc.finalize()
-    b = stats.landscape(delta=d["delta"], advantage=d["advantage"], base=d["g"], compare=d["c"], env=d["env"], valid=d["valid"], grid=5)
+    tokens, weights, _ = split_call(d)
+    b = stats.landscape(tokens.replace(columns={"env": d["env"]}), weights, env="env", grid=5)
     for env in a.envs:
         np.testing.assert_allclose(a.envs[env].intensity["icsd"], b.envs[env].intensity["icsd"], rtol=1e-12)
 
 
 def test_landscape_errors():
     d = make_tokens(2)
-    kw = dict(delta=d["delta"], advantage=d["advantage"], base=d["g"], compare=d["c"])
+    tokens, weights, _ = split_call(d)
+    tokens = tokens.replace(valid=None)
     with pytest.raises(ValueError, match="grid"):
-        stats.landscape(**kw, grid=0)
+        stats.landscape(tokens, weights, grid=0)
     bad = d["c"].copy()
     bad[5] = np.inf
     with pytest.raises(ValueError, match="icsd: non-finite value inf at row 5"):
-        stats.landscape(**dict(kw, compare=bad))
+        stats.landscape(tokens, Weights(d["g"], bad))
     acc = stats.LandscapeAccumulator()
-    acc.add(**kw)
+    acc.add(tokens, weights)
     with pytest.raises(ValueError, match="env"):
-        acc.add(**kw, env=d["env"])
+        acc.add(tokens, weights, env=d["env"])
     with pytest.raises(ValueError, match="no valid tokens"):
-        stats.landscape(**kw, valid=np.zeros(d["delta"].size, bool))
+        stats.landscape(tokens.replace(valid=np.zeros(d["delta"].size, bool)), weights)
+    with pytest.raises(ValueError, match="labelled"):
+        acc.add(tokens, Weights(d["g"], d["c"], compare_name="fisher"))
+    with pytest.raises(KeyError, match="no 'env' column"):
+        stats.landscape(tokens, weights, env="env")

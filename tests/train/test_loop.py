@@ -151,9 +151,9 @@ def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator):
                             seed=cfg.alloc_seed)
     n = 0
     for batch in DumpReader([res.dumps_dir], columns=None):
-        alloc = allocate_batch(batch, opts)
+        alloc = allocate_batch(batch.tokens, opts)
         cols = {k: batch.table.column(k).to_numpy() for k in ("g", "u", "m", "c")}
-        assert np.abs(batch.arrays["advantage"]).max() > 0.01  # a non-degenerate batch
+        assert np.abs(batch.tokens.advantage).max() > 0.01  # a non-degenerate batch
         for k in ("g", "m", "c"):
             assert np.array_equal(getattr(alloc, k).numpy().astype(np.float32), cols[k]), k
         n += 1
