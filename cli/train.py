@@ -12,13 +12,13 @@ from .apps import app
 
 
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
-    from icsd_audit.train.config import TrainConfig, parse_override
+    from icsd_audit.train.config import TrainConfig, parse_override, preset_for
 
     fields: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     for item in sets:
         key, value = parse_override(item)
         fields[key] = value
-    return TrainConfig.from_preset(preset, **fields)
+    return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields)
 
 
 def _print_fields() -> None:
@@ -64,8 +64,9 @@ class _RichReporter:
 @app.command("train")
 @handle_errors
 def train_cmd(
-    preset: str = typer.Option("cpu-demo", help="Starting configuration: paper (Table A1, WebShop) or cpu-demo."),
-    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop)."),
+    preset: str = typer.Option(
+        "cpu-demo", help="Starting configuration: paper (Table A1) or cpu-demo; with --env searchqa their Search-QA variants."),
+    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop, searchqa)."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     model: Optional[str] = typer.Option(None, help="Local HF model folder, 'embedded' (SmolLM2-135M) or 'tiny-random'."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (metrics.jsonl, dumps/, checkpoints/)."),
@@ -94,6 +95,8 @@ def train_cmd(
     Writes metrics.jsonl (one line per step), dumps/ (per-token rows of every actor mini-batch, readable by `icsd audit ...`) and checkpoints/ under the run folder.
 
     Example: icsd train --env webshop --preset cpu-demo --allocator icsd --out runs/demo
+
+    Search-QA over your own Search-R1 files: icsd train --env searchqa --preset paper --set searchqa_corpus=corpus.jsonl --set searchqa_data=train.parquet,test.parquet
     """
     if list_fields:
         _print_fields()
@@ -119,7 +122,7 @@ def train_cmd(
 def eval_cmd(
     model: str = typer.Option("embedded", help="Local HF model folder, a checkpoint folder, 'embedded' or 'tiny-random'."),
     preset: str = typer.Option("cpu-demo", help="Prompt and rollout settings to evaluate with (paper or cpu-demo)."),
-    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop)."),
+    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop, searchqa)."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     tasks: Optional[int] = typer.Option(None, help="Number of held-out instructions (the first N of the split)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn budget per episode."),
@@ -129,9 +132,11 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the result as JSON here."),
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set history_window=2 (repeatable)."),
 ) -> None:
-    """Report WebShop score and success rate on held-out instructions.
+    """Report WebShop score and success rate, or Search-QA exact match per subset (NQ ... Bam, Avg), on held-out tasks.
 
     Example: icsd eval --model runs/demo/checkpoints/step-000002 --tasks 16
+
+    Search-QA: icsd eval --env searchqa --model runs/sq/checkpoints/step-000200 --tasks 875
     """
     import json
 

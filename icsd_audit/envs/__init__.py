@@ -35,7 +35,7 @@ __all__ = [
     "ENV_NAMES",
 ]
 
-ENV_NAMES = ("webshop",)
+ENV_NAMES = ("webshop", "searchqa")
 
 
 def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
@@ -43,7 +43,8 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
 
     ``make_env("webshop", split="eval")`` is the offline WebShop;
     ``make_env("webshop", url="http://127.0.0.1:3000", split="eval")`` talks to a WebShop
-    server. Keyword arguments go to the environment's constructor.
+    server; ``make_env("searchqa", split="eval")`` is Search-QA over the built-in KB (``url``:
+    a Search-R1 retrieval server). Keyword arguments go to the environment's constructor.
     """
     if name == "webshop":
         if url:
@@ -53,4 +54,11 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
         from .webshop.env import WebShopEnv
 
         return WebShopEnv(**kwargs)
+    if name == "searchqa":
+        # Search-QA's remote part is its retriever: the URL goes to the retriever, not the env
+        from .searchqa.env import SearchQAEnv
+
+        if url and not kwargs.get("retriever_url"):
+            kwargs["retriever_url"] = url
+        return SearchQAEnv(**kwargs)
     raise ValueError(f"unknown environment {name!r}; available: {', '.join(ENV_NAMES)}")

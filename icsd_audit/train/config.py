@@ -11,6 +11,10 @@ Presets:
   KL 0.01, lambda 0.01, 150 updates, validation on 128 held-out instructions; GiGPO
   with gamma 0.95 and unit step weight. The model defaults to the embedded
   SmolLM2-135M; pass ``model=`` (a local Qwen2.5-Instruct folder) to match the paper.
+* ``paper-searchqa`` / ``cpu-demo-searchqa``: the same for Search-QA (Table A1's Search-QA
+  column: 128 x 8 rollouts, 4 turns, actor mini-batch 256 prompts, KL 0.001, 200 updates,
+  512 held-out questions; reward = exact match); ``--env searchqa --preset paper`` picks
+  them (:func:`preset_for`).
 * ``cpu-demo``: the embedded SmolLM2-135M on CPU, 2 tasks x 4 rollouts, 2 turns,
   48-token replies, 2 steps of four 4-row actor mini-batches (8 optimizer updates);
   it finishes in about ten minutes on a 2-core machine and writes real frozen batches
@@ -31,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["TrainConfig", "ConfigError", "PRESETS", "preset", "field_docs", "parse_override", "REWARDS"]
+__all__ = ["TrainConfig", "ConfigError", "PRESETS", "preset", "preset_for", "field_docs", "parse_override", "REWARDS"]
 
 #: Reward shaping names (see ``TrainConfig.reward``).
 REWARDS = ("won10", "score")
@@ -71,7 +75,7 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
-    """Environment name (built-in: webshop)."""
+    """Environment name (built-in: webshop, searchqa)."""
     env_url: str | None = None
     """URL of a real WebShop server; None uses the built-in offline WebShop."""
     server_num_goals: int | None = None
@@ -190,6 +194,16 @@ class TrainConfig:
     """Held-out instructions per evaluation (Table A1 validation batch: 128)."""
     eval_temperature: float = 0.4
     """Sampling temperature at evaluation (0: greedy)."""
+
+    # ------------------------------------------------------------------ Search-QA data
+    searchqa_corpus: str | None = None
+    """Search-QA: a Search-R1 JSONL corpus (id, contents) to search with BM25; None: the built-in synthetic KB."""
+    searchqa_data: str | None = None
+    """Search-QA: 'train.parquet,test.parquet' in Search-R1's format (question, golden_answers, data_source); None: built-in."""
+    retriever_url: str | None = None
+    """Search-QA: a running Search-R1 retrieval server (POST /retrieve), used instead of BM25."""
+    retrieval_topk: int = 3
+    """Search-QA: passages returned per search (Search-R1: 3)."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -316,13 +330,30 @@ class TrainConfig:
         if not (self.model in _MODEL_ALIASES or Path(self.model).expanduser().is_dir()):
             p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
                      "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
+        p.extend(self._searchqa_problems())
         if p:
             raise ConfigError(p)
         return self
 
+    def _searchqa_problems(self) -> list[str]:
+        p = []
+        named = [k for k in ("searchqa_corpus", "searchqa_data", "retriever_url") if getattr(self, k)]
+        if named and self.env != "searchqa":
+            p.append(f"{', '.join(named)} only apply to env='searchqa' (env={self.env!r}); unset them or set env=searchqa")
+        if not (isinstance(self.retrieval_topk, int) and self.retrieval_topk >= 1):
+            p.append(f"retrieval_topk={self.retrieval_topk!r} must be an integer >= 1 (Search-R1 uses 3)")
+        files = [self.searchqa_corpus] if self.searchqa_corpus else []
+        files += [f.strip() for f in (self.searchqa_data or "").split(",") if f.strip()]
+        p.extend(f"Search-QA file {f} not found; check the path in searchqa_corpus / searchqa_data"
+                 for f in files if not Path(f).expanduser().is_file())
+        if self.searchqa_data and not (self.searchqa_corpus or self.retriever_url or self.env_url):
+            p.append("searchqa_data is set but nothing to search: set searchqa_corpus=corpus.jsonl or "
+                     "retriever_url=http://host:port")
+        return p
+
 
 _MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
-_ONE_SHOT_ENVS = ("webshop",)
+_ONE_SHOT_ENVS = ("webshop", "searchqa")
 
 
 def _paper() -> TrainConfig:
@@ -352,16 +383,41 @@ def _cpu_demo() -> TrainConfig:
     )
 
 
-#: Preset name -> factory.
-PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo}
+def _paper_searchqa() -> TrainConfig:
+    """Table A1's Search-QA column: 128 x 8, 4 turns, mini-batch 256 prompts, KL 0.001, 200 updates, 512 held out."""
+    return _paper().replace(
+        out_dir="runs/paper-searchqa", env="searchqa",
+        n_tasks=128, group_size=8, max_turns=4, history_window=3,
+        max_prompt_tokens=4096, max_response_tokens=512,
+        mini_batch_rows=256 * 8, kl_coef=0.001, total_steps=200, eval_tasks=512,
+        reward="score",
+    )
+
+
+def _cpu_demo_searchqa() -> TrainConfig:
+    return _cpu_demo().replace(
+        out_dir="runs/cpu-demo-searchqa", env="searchqa",
+        max_turns=3, history_window=2, max_response_tokens=64, kl_coef=0.001,
+    )
+
+
+#: Preset name -> factory. ``<name>-<env>`` is the variant of preset ``name`` for ``env``
+#: (see :func:`preset_for`).
+PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo,
+           "paper-searchqa": _paper_searchqa, "cpu-demo-searchqa": _cpu_demo_searchqa}
 
 
 def preset(name: str) -> TrainConfig:
-    """A fresh config for preset ``name`` (``paper`` or ``cpu-demo``)."""
+    """A fresh config for preset ``name`` (``paper``, ``cpu-demo``, or an ``<name>-<env>`` variant)."""
     try:
         return PRESETS[name]()
     except KeyError:
         raise ConfigError([f"unknown preset {name!r}; choose one of {sorted(PRESETS)}"]) from None
+
+
+def preset_for(name: str, env: str | None) -> str:
+    """``name``'s variant for ``env`` when there is one (``paper`` + searchqa -> ``paper-searchqa``), else ``name``."""
+    return f"{name}-{env}" if env and f"{name}-{env}" in PRESETS else name
 
 
 def field_docs() -> dict[str, tuple[str, str, Any]]:

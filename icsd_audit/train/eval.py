@@ -1,16 +1,19 @@
-"""Evaluation on held-out instructions: WebShop score and success rate.
+"""Evaluation on held-out instructions: WebShop score and success rate, Search-QA EM per subset.
 
 The first ``n_tasks`` instructions of the held-out split (the same ones every time, so
 numbers are comparable across checkpoints and runs), one rollout each, sampled at
 ``temperature`` (0: greedy) with a fixed seed. Reported: success rate (share of
 episodes won, i.e. WebShop reward 1), mean WebShop score (the continuous purchase
-reward, 0 when nothing was bought), invalid-action rate and mean episode length.
+reward, 0 when nothing was bought), invalid-action rate and mean episode length. For an
+environment that groups its tasks (``task_group``; Search-QA's subsets) also the success
+per group under the paper's column names and their mean (:func:`group_success`); on
+Search-QA success is exact match.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -30,9 +33,14 @@ class EvalResult:
     invalid_rate: float
     turns: float
     seconds: float
+    #: Success per task group, keyed by the paper's column names, plus their unweighted mean
+    #: ``Avg`` (Search-QA: exact match per subset, NQ ... Bam); empty for envs without groups.
+    subsets: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["subsets"] = dict(self.subsets)
+        return d
 
 
 def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Callable[[], TextEnv], n_tasks: int,
@@ -55,4 +63,21 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
     model.train(was_training)
     m = batch.metrics()
     return EvalResult(split=split, n_tasks=n, success=m["success"], score=m["score"], invalid_rate=m["invalid_rate"],
-                      turns=m["turns"], seconds=time.perf_counter() - t0)
+                      turns=m["turns"], seconds=time.perf_counter() - t0, subsets=group_success(probe, batch))
+
+
+def group_success(env: TextEnv, batch: Any) -> dict[str, float]:
+    """Share of won episodes per ``env.task_group(task)`` and their unweighted mean ``Avg``.
+
+    The paper's Search-QA ``Avg`` is the plain mean of the seven subset EMs (e.g. GRPO,
+    Qwen2.5-1.5B: (16.6 + 34.1 + 15.9 + 16.1 + 24.8 + 3.4 + 58.1) / 7 = 24.1).
+    """
+    group_of = getattr(env, "task_group", None)
+    if group_of is None or not batch.trajectories:
+        return {}
+    won: dict[str, list[bool]] = {}
+    for t in batch.trajectories:
+        won.setdefault(group_of(t.task), []).append(bool(t.won))
+    out = {g: sum(v) / len(v) for g, v in won.items()}
+    out["Avg"] = sum(out.values()) / len(out)
+    return out

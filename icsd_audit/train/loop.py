@@ -127,8 +127,11 @@ def load_policy(model: str, *, device: torch.device, seed: int = 0) -> tuple[Any
 def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
     def factory(split: str) -> TextEnv:
         kwargs: dict[str, Any] = {"split": split, "max_steps": cfg.max_turns, "seed": cfg.seed}
-        if cfg.env_url:
+        if cfg.env_url and cfg.env == "webshop":
             kwargs["num_goals"] = cfg.server_num_goals
+        if cfg.env == "searchqa":
+            kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
+                          retriever_url=cfg.retriever_url)
         return make_env(cfg.env, url=cfg.env_url, **kwargs)
 
     return factory
@@ -260,7 +263,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
-    writer = _dump_writer(cfg, out, start, sketcher) if (distill.enabled and cfg.dump_every) else None
+    writer = (_dump_writer(cfg, out, start, sketcher, env_data=getattr(envs[0], "data_info", None))
+              if (distill.enabled and cfg.dump_every) else None)
     log = MetricsLog(out / "metrics.jsonl", start_step=start)
     eval_log = MetricsLog(out / "eval.jsonl", start_step=start)
     cfg.save(out / "config.json")
@@ -308,7 +312,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
             ev["step"] = step
             eval_log.write(ev)
             result.evals.append(ev)
-            record.update({f"eval/{k}": v for k, v in ev.items() if k not in ("step", "split")})
+            record.update({f"eval/{k}": v for k, v in ev.items() if k not in ("step", "split", "subsets")})
+            record.update({f"eval/subsets/{g}": v for g, v in ev.get("subsets", {}).items()})
             record["time/eval"] = time.perf_counter() - t0
         log.write(record)
         result.records.append(record)
@@ -327,7 +332,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
 # --------------------------------------------------------------------------------------
 
 
-def _dump_writer(cfg: TrainConfig, out: Path, start: int, sketcher: Any = None) -> Any:
+def _dump_writer(cfg: TrainConfig, out: Path, start: int, sketcher: Any = None,
+                 env_data: dict[str, Any] | None = None) -> Any:
     from icsd_audit import __version__
     from icsd_audit.dumps.writer import DumpWriter
 
@@ -340,6 +346,8 @@ def _dump_writer(cfg: TrainConfig, out: Path, start: int, sketcher: Any = None) 
     meta: dict[str, Any] = {"train_config": json.loads(json.dumps(cfg.to_dict()))}
     if sketcher is not None:
         meta["sketch"] = dump_sketch_metadata(sketcher)
+    if env_data:  # where the environment's tasks come from (e.g. Search-QA's KB, labelled synthetic)
+        meta["env_data"] = json.loads(json.dumps(env_data))
     return DumpWriter(d, producer=producer, synthetic=False, allocator=cfg.allocator_settings(), metadata=meta)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "ENV_INTROS",
     "HistoryEntry",
     "REPLY_FORMAT",
+    "REPLY_FORMATS",
     "SKILL_HEADER",
     "TurnContext",
     "build_messages",
@@ -58,6 +59,19 @@ REPLY_FORMAT = (
     "<action> </action> tags."
 )
 
+#: Environments whose replies use other tags than ``<action>`` (Search-R1's ``<search>``/``<answer>``).
+REPLY_FORMATS: dict[str, str] = {
+    "searchqa": (
+        "Now it is your turn to respond for the current step.\n"
+        "First reason step by step about what you know and what is missing; this reasoning MUST be enclosed "
+        "within <think> </think> tags.\n"
+        "Then do exactly one of the following. If some knowledge is missing, search for it: "
+        "<search> your query </search>; the top results come back between <information> and </information>. "
+        "If you can answer, give only the short answer, without explanation, between <answer> and </answer>, "
+        "for example <answer> Beijing </answer>."
+    ),
+}
+
 
 @dataclass(frozen=True)
 class HistoryEntry:
@@ -86,6 +100,8 @@ class TurnContext:
     actions: Sequence[str] | None = None
     history: Sequence[HistoryEntry] = field(default_factory=tuple)
     env: str = "webshop"
+    #: Exact SkillBank key of the task (a Search-QA data source), or None: keyword matching decides.
+    key: str | None = None
 
     @property
     def step(self) -> int:
@@ -127,7 +143,7 @@ def _user_content(ctx: TurnContext, history_window: int) -> str:
     if ctx.actions is not None:
         listed = "\n".join(f"'{a}'," for a in ctx.actions)
         parts.append(f"Your admissible actions of the current situation are:\n[\n{listed}\n]")
-    parts.append(REPLY_FORMAT)
+    parts.append(REPLY_FORMATS.get(ctx.env.lower(), REPLY_FORMAT))
     return "\n".join(parts)
 
 

@@ -63,6 +63,12 @@ ONE_SHOT: dict[str, tuple[TurnContext, str]] = {
         "<think>I need to find the product first, so I search for it with its key attributes.</think>"
         "<action>search[men's cotton t-shirt navy blue]</action>",
     ),
+    "searchqa": (
+        TurnContext(task="who wrote the novel Pride and Prejudice?", observation="No search results yet.", actions=None,
+                    env="searchqa"),
+        "<think>I do not know the author for sure, so I search for the novel first.</think>"
+        "<search> Pride and Prejudice novel author </search>",
+    ),
 }
 
 
@@ -294,6 +300,14 @@ def sample(
     return [gen[i, : lengths[i]].tolist() for i in range(B)], logps
 
 
+def _reply_parser(env: TextEnv) -> Callable[..., Any]:
+    """The env's own reply parser (Search-QA's <search>/<answer> tags) or verl-agent's <action> parser."""
+    own = getattr(env, "parse_reply", None)
+    if own is None:
+        return parse_action
+    return lambda text, available, *, require_think: own(text, require_think=require_think)
+
+
 def collect_rollouts(
     *,
     model: Any,
@@ -319,6 +333,7 @@ def collect_rollouts(
     t0 = time.perf_counter()
     obs: list[Observation] = [envs[i].reset(trajs[i].task) for i in range(n_eps)]
     history: list[list[HistoryEntry]] = [[] for _ in range(n_eps)]
+    parsers = [_reply_parser(envs[i]) for i in range(n_eps)]
     rows: list[TurnRow] = []
     t_env = time.perf_counter() - t0
     t_gen = 0.0
@@ -326,8 +341,10 @@ def collect_rollouts(
         active = [i for i in range(n_eps) if not trajs[i].done]
         if not active:
             break
-        ctxs = {i: TurnContext(task=obs[i].instruction, observation=obs[i].text, actions=obs[i].available_actions,
-                               history=tuple(history[i]), env=builder.env) for i in active}
+        # an environment with free-form actions (Search-QA) lists none: the prompt then shows no list
+        ctxs = {i: TurnContext(task=obs[i].instruction, observation=obs[i].text, actions=obs[i].available_actions or None,
+                               history=tuple(history[i]), env=builder.env, key=obs[i].meta.get("skill_key"))
+                for i in active}
         prompts = {i: builder.student(ctxs[i]) for i in active}
         for chunk_start in range(0, len(active), settings.batch_rows):
             chunk = active[chunk_start: chunk_start + settings.batch_rows]
@@ -339,7 +356,7 @@ def collect_rollouts(
             t1 = time.perf_counter()
             for j, i in enumerate(chunk):
                 text = tokenizer.decode(resp[j], skip_special_tokens=True)
-                parsed = parse_action(text, obs[i].available_actions, require_think=settings.require_think)
+                parsed = parsers[i](text, obs[i].available_actions, require_think=settings.require_think)
                 res = envs[i].step(parsed.action)
                 valid = bool(parsed.valid and res.info.get("valid_action", True))
                 r = reward_fn(res)

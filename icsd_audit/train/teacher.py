@@ -38,17 +38,17 @@ class SelfTeacher:
         self.skill_mode = skill_mode
         self.micro_batch_rows = micro_batch_rows
         self.pad_id, self.device, self.temperature, self.precision = pad_id, device, temperature, precision
-        self._skills: dict[str, str] = {}
+        self._skills: dict[tuple[str, str | None], str] = {}
         self.last_stats: dict[str, float] = {}
 
-    def skill(self, task_text: str) -> str:
-        """The retrieved skill text z for a task instruction (cached per instruction)."""
-        if task_text not in self._skills:
-            self._skills[task_text] = self.bank.retrieve(task_text, mode=self.skill_mode).text
-        return self._skills[task_text]
+    def skill(self, task_text: str, key: str | None = None) -> str:
+        """The retrieved skill text z for a task instruction and optional exact key (cached)."""
+        if (task_text, key) not in self._skills:
+            self._skills[(task_text, key)] = self.bank.retrieve(task_text, key=key, mode=self.skill_mode).text
+        return self._skills[(task_text, key)]
 
     def prompts(self, rows: Sequence[TurnRow]) -> list[list[int]]:
-        return [self.builder.teacher(r.ctx, r.prompt_ids, self.skill(r.ctx.task))[0] for r in rows]
+        return [self.builder.teacher(r.ctx, r.prompt_ids, self.skill(r.ctx.task, r.ctx.key))[0] for r in rows]
 
     def score(self, rows: Sequence[TurnRow]) -> list[Tensor] | None:
         """Teacher log-probs of each row's response tokens (float32 CPU tensors)."""
