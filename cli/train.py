@@ -61,6 +61,14 @@ class _RichReporter:
         self.progress.stop()
 
 
+def _check_env_data(cfg: Any) -> None:
+    """Load the environment's user data before the model, so a bad file fails in seconds (exit 2)."""
+    if cfg.env == "searchqa":
+        from icsd_audit.envs.searchqa import load_data
+
+        load_data(cfg.searchqa_corpus, cfg.searchqa_data, cfg.retriever_url or cfg.env_url)  # cached for the run
+
+
 @app.command("train")
 @handle_errors
 def train_cmd(
@@ -109,6 +117,7 @@ def train_cmd(
                                      distill_coef=distill_coef, seed=seed, device=device, eval_every=eval_every,
                                      dump_every=dump_every, sketch_k=sketch_k, sketch_layers=sketch_layers), set_)
     cfg.validate()
+    _check_env_data(cfg)
     reporter = PrintReporter() if plain else _RichReporter()
     res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter)
     con = stderr_console()
@@ -147,6 +156,7 @@ def eval_cmd(
 
     cfg = _build_config(preset, dict(model=model, env=env, env_url=env_url, eval_tasks=tasks, max_turns=max_turns,
                                      eval_temperature=temperature, device=device, seed=seed), set_).validate()
+    _check_env_data(cfg)
     set_threads(cfg.threads)
     dev = resolve_device(cfg.device)
     policy, tok = load_policy(cfg.model, device=dev, seed=cfg.seed)
