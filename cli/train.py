@@ -170,6 +170,10 @@ def eval_cmd(
     d = res.to_dict()
     d["model"] = cfg.model
     text = json.dumps(d, indent=2)
+    if d.get("subsets"):  # the paper's table columns (percent), for a quick look
+        cols = list(d["subsets"])
+        stderr_console().print("  ".join(f"{c:>5}" for c in cols) + "\n"
+                               + "  ".join(f"{100 * d['subsets'][c]:5.1f}" for c in cols), highlight=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")

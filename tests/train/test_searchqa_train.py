@@ -149,3 +149,15 @@ def test_varied_reward_step_recomputes_exactly(tmp_path):
     ev = res.evals[0]
     assert list(ev["subsets"]) == ["NQ", "Triv", "Pop", "Hotp", "2Wk", "MuS", "Bam", "Avg"]
     assert ev["n_tasks"] == 7 and res.records[0]["eval/subsets/Avg"] == ev["subsets"]["Avg"]
+
+
+def test_cli_eval_reports_em_per_subset_with_the_papers_columns(tmp_path):
+    out = tmp_path / "eval.json"
+    proc = cli("eval", "--env", "searchqa", "--model", "tiny-random", "--tasks", "7", "--temperature", "0",
+               "--set", "max_response_tokens=8", "--out", str(out), cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["n_tasks"] == 7 and res["split"] == "eval"
+    assert list(res["subsets"]) == ["NQ", "Triv", "Pop", "Hotp", "2Wk", "MuS", "Bam", "Avg"]
+    assert res["subsets"]["Avg"] == sum(res["subsets"][c] for c in list(res["subsets"])[:7]) / 7
+    assert "  NQ   Triv    Pop   Hotp    2Wk    MuS    Bam    Avg" in proc.stderr
