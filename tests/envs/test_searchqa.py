@@ -322,3 +322,18 @@ def test_cli_rejects_bad_user_files_with_one_line_and_exit_2(tmp_path):
     assert lines[-1] == f"error: {bad}: column 'golden_answers', row 0: expected a non-empty list of answer strings, got [1]"
     assert "Traceback" not in proc.stderr
     assert not (out / "config.json").exists() and not (out / "dumps").exists()
+
+
+def test_kb_module_writes_search_r1_files(tmp_path, capsys):
+    from icsd_audit.envs.searchqa.kb import main
+
+    main(["--out", str(tmp_path / "kb")])
+    printed = capsys.readouterr().out.split()
+    assert [Path(p).name for p in printed] == ["corpus.jsonl", "train.parquet", "test.parquet"]
+    lines = (tmp_path / "kb" / "corpus.jsonl").read_text().splitlines()
+    assert len(lines) == len(builtin_kb().passages) and json.loads(lines[0]) == builtin_kb().passages[0]
+    test = pq.read_table(tmp_path / "kb" / "test.parquet")
+    assert test.num_rows == 875 and test.column("data_source").to_pylist()[:1] == ["nq"]
+    row = test.slice(0, 1).to_pylist()[0]
+    assert row["reward_model"]["ground_truth"]["target"] == row["golden_answers"]
+    assert row["prompt"][0]["content"].endswith(f"Question: {row['question']}\n")
