@@ -337,3 +337,14 @@ def test_kb_module_writes_search_r1_files(tmp_path, capsys):
     row = test.slice(0, 1).to_pylist()[0]
     assert row["reward_model"]["ground_truth"]["target"] == row["golden_answers"]
     assert row["prompt"][0]["content"].endswith(f"Question: {row['question']}\n")
+
+
+def test_unwritable_cache_warns_and_still_searches(tmp_path, monkeypatch, capsys):
+    corpus, _, _ = _user_files(tmp_path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("ICSD_CACHE", str(blocker))
+    ret = BM25Retriever.from_jsonl(corpus, progress=False)
+    assert "warning: could not cache the BM25 index" in capsys.readouterr().err
+    assert ret.search(["capital of Zorbland"], 1)[0][0]["id"] == "d0"
+    assert load_data() is load_data(None, None, None, 0)  # one cached load however it is called

@@ -100,7 +100,6 @@ def _interleave(items: Sequence[QAItem]) -> tuple[QAItem, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=4)
 def load_data(corpus: str | None = None, data: str | None = None, retriever_url: str | None = None,
               seed: int = 0) -> SearchQAData:
     """The questions and retriever for one configuration, loaded once per process.
@@ -109,6 +108,11 @@ def load_data(corpus: str | None = None, data: str | None = None, retriever_url:
     (one file: used for both splits); ``retriever_url``: a Search-R1 retrieval server,
     used instead of BM25. With none of them: the built-in synthetic KB.
     """
+    return _load_data(str(corpus) if corpus else None, str(data) if data else None, retriever_url or None, int(seed))
+
+
+@lru_cache(maxsize=4)
+def _load_data(corpus: str | None, data: str | None, retriever_url: str | None, seed: int) -> SearchQAData:
     info: dict[str, Any]
     if data:
         files = [f.strip() for f in data.split(",") if f.strip()]

@@ -230,9 +230,10 @@ def _save_index(folder: Path, bm25: Any, offsets: np.ndarray, corpus: Path) -> N
     import shutil
     import tempfile
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    tmp: Path | None = None
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
         bm25.save(str(tmp / "bm25"))
         np.save(tmp / "offsets.npy", offsets)
         (tmp / "done.json").write_text(json.dumps({"corpus": str(corpus), "passages": int(offsets.size), "k1": K1, "b": B}))
@@ -240,8 +241,9 @@ def _save_index(folder: Path, bm25: Any, offsets: np.ndarray, corpus: Path) -> N
             shutil.rmtree(tmp)
             return
         tmp.rename(folder)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:  # an unwritable cache costs a rebuild next time, not the run
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         print(f"warning: could not cache the BM25 index in {folder}: {exc}", file=sys.stderr)
 
 
