@@ -62,10 +62,10 @@ def test_exact_match_any_gold_answer():
 
 
 def test_parse_reply_follows_search_r1():
-    assert parse_reply("<think>hm</think><search> capital of  France </search>", require_think=True).action == \
-        "search[capital of France]"
+    assert parse_reply("<think>hm</think><search> capital of\n France</search>", require_think=True).action == \
+        "<search> capital of France </search>"
     p = parse_reply("<think>ok</think> <answer> Paris </answer> <search>x</search>", require_think=True)
-    assert p.valid and p.action == "answer[Paris]"  # the first block wins
+    assert p.valid and p.action == "<answer> Paris </answer>"  # the first block wins
     assert parse_reply("<search>x</search><think>late</think>", require_think=True).reason == "no_think_tag"
     assert parse_reply("<search>x</search>").valid  # think not required
     assert parse_reply("<action>search[x]</action>").reason == "no_action_tag"
@@ -86,8 +86,8 @@ def test_episode_search_then_answer():
     assert r.info["valid_action"] and not r.done and r.reward == 0.0
     assert r.observation.text.startswith("<information>Doc 1(Title: ") and r.observation.text.endswith("</information>")
     assert item.hops[0][1] in r.info["doc_ids"] and len(r.info["doc_ids"]) == 3
-    r = env.step(f"answer[{item.golden_answers[0].upper()}.]")
-    assert r.done and r.reward == 1.0 and r.info["won"] and r.info["score"] == 1.0
+    r = env.step(parse_reply(f"<think>found it</think><answer>{item.golden_answers[0].upper()}.</answer>").action)
+    assert r.done and r.reward == 1.0 and r.info["won"] and r.info["score"] == 1.0 and r.info["valid_action"]
     with pytest.raises(RuntimeError):
         env.step("answer[x]")
 
@@ -99,8 +99,8 @@ def test_invalid_actions_wrong_answers_and_turn_budget():
     assert not r.info["valid_action"] and r.observation.text == INVALID_MESSAGE and not r.done
     r = env.step("")
     assert not r.info["valid_action"] and not r.done
-    r = env.step("search[anything]")
-    assert r.done and r.info["truncated"] and r.reward == 0.0 and not r.info["won"]
+    r = env.step("<search>  anything </search>")
+    assert r.info["valid_action"] and r.done and r.info["truncated"] and r.reward == 0.0 and not r.info["won"]
     env.reset(1)
     r = env.step("answer[certainly not the answer]")
     assert r.done and r.reward == 0.0 and not r.info["won"] and r.info["valid_action"]

@@ -3,8 +3,10 @@
 Each turn the model reasons inside ``<think>...</think>`` and then either searches,
 ``<search> query </search>``, or answers, ``<answer> text </answer>``
 (:func:`parse_reply`: the first such block counts, as in Search-R1's
-``postprocess_predictions``). The environment's actions are the parsed forms
-``search[query]`` and ``answer[text]``:
+``postprocess_predictions``), normalised to ``<search> query </search>`` (whitespace
+collapsed), which is also what the prompt's history shows as the action taken.
+:meth:`SearchQAEnv.step` takes that tag form or the bracket form ``search[query]`` /
+``answer[text]`` of the other environments:
 
 * ``search[q]``: the top-``topk`` passages (Search-R1: 3) come back as the next
   observation, ``<information>Doc 1(Title: ...) ...</information>``; reward 0.
@@ -60,14 +62,14 @@ def column_name(data_source: str) -> str:
 
 
 def parse_reply(text: str, *, require_think: bool = False) -> ParsedAction:
-    """``<search>q</search>`` -> ``search[q]``, ``<answer>a</answer>`` -> ``answer[a]`` (first block wins)."""
+    """The first ``<search>``/``<answer>`` block, as ``<search> q </search>`` with whitespace collapsed."""
     m = _BLOCK.search(text)
     if m is None:
         return ParsedAction(action="", valid=False, reason="no_action_tag")
     arg = " ".join(m.group(2).split())
     if not arg:
         return ParsedAction(action="", valid=False, reason="empty")
-    action = f"{m.group(1)}[{arg}]"
+    action = f"<{m.group(1)}> {arg} </{m.group(1)}>"
     if require_think and _THINK.search(text[: m.start()]) is None:
         return ParsedAction(action=action, valid=False, reason="no_think_tag")
     return ParsedAction(action=action, valid=True, reason="")
@@ -210,16 +212,16 @@ class SearchQAEnv:
         if self._done or self._item is None:
             raise RuntimeError("the episode is over; call reset() first")
         self._steps += 1
-        m = _CALL.match(action or "")
+        m = _CALL.match(action or "") or _BLOCK.fullmatch((action or "").strip())
         reward, extra = 0.0, {}
         if m is None or not m.group(2).strip():
             text, valid = INVALID_MESSAGE, False
         elif m.group(1).lower() == "search":
-            docs = self.data.retriever.search([m.group(2).strip()], self.topk)[0]
+            docs = self.data.retriever.search([" ".join(m.group(2).split())], self.topk)[0]
             text, valid = f"<information>{format_passages(docs).strip()}</information>", True
             extra["doc_ids"] = [d["id"] for d in docs]
         else:
-            answer = m.group(2).strip()
+            answer = " ".join(m.group(2).split())
             reward = 1.0 if exact_match(answer, self._item.golden_answers) else 0.0
             text, valid, self._done = "", True, True
             extra["answer"] = answer
