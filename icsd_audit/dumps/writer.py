@@ -5,12 +5,22 @@ arrays, either flat per-token or padded ``(B, T)`` with a response mask (per-row
 ids of shape ``(B,)`` are broadcast), sorts rows by (batch, trajectory, turn,
 position) and writes one zstd shard per call through a temporary file and a rename,
 so a crash never leaves a half-written shard where a reader would find it.
+
+A shard never replaces an existing file: it is published with a hard link, which
+fails when the name is taken (then the next sequence number is tried).  Names are
+``{prefix}-{seq:06d}-{tag}.parquet`` with ``tag`` the writer's ``rank`` (``r00003``)
+or, without one, its process id (``p12345``), and ``seq`` continuing after the largest
+in the directory; so two ranks or two processes sharing a directory, or a writer
+restarted after a shard was deleted, never write over each other's batches, and the
+sorted order of names (the reader's order) stays chronological.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,10 +58,16 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 
 def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
-                       row_group_size: int = 1 << 17, compression: str = "zstd") -> Path:
-    """Write ``table`` to ``path`` through a temporary file in the same directory, then rename."""
+                       row_group_size: int = 1 << 17, compression: str = "zstd", exclusive: bool = False) -> Path:
+    """Write ``table`` to ``path`` through a temporary file in the same directory, then rename.
+
+    ``exclusive``: never replace an existing ``path`` (raise :class:`FileExistsError`);
+    the complete file is published with a hard link, atomic on POSIX file systems.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if exclusive and os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "shard exists; a dump writer never replaces a file", str(path))
     if metadata is not None:
         kv = dict(table.schema.metadata or {})
         kv[METADATA_KEY.encode()] = json.dumps(metadata, sort_keys=True).encode()
@@ -65,11 +81,29 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     try:
         pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
                        use_dictionary=dictionary_columns(table.schema))
-        os.replace(tmp, path)
-    except BaseException:
+        if exclusive:
+            _publish_exclusive(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
     return path
+
+
+def _publish_exclusive(tmp: str, path: Path) -> None:
+    """Give the complete file ``tmp`` the name ``path`` unless that name is taken."""
+    try:
+        os.link(tmp, path)  # fails with EEXIST, never replaces
+        return
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "shard exists; a dump writer never replaces a file", str(path)) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+    # no hard links on this file system: claim the name first, then rename over our own claim
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    os.replace(tmp, path)
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -87,22 +121,31 @@ class DumpWriter:
     ``float_dtype`` is the storage type of value columns (float32 keeps dumps small;
     the audit reads them back as float64).  Columns beyond the schema pass through;
     2-D per-token arrays (e.g. gradient sketches) become fixed-size float32 lists.
+    ``rank``: the data-parallel rank of a distributed trainer, part of every shard
+    name (default: the process id), so writers sharing ``out_dir`` never collide.
     """
 
     def __init__(self, out_dir: str | Path, *, producer: Mapping[str, Any] | str, synthetic: bool = False,
                  allocator: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
-                 prefix: str = "part", row_group_size: int = 1 << 17, float_dtype: Any = np.float32):
+                 prefix: str = "part", row_group_size: int = 1 << 17, float_dtype: Any = np.float32,
+                 rank: int | None = None):
+        if rank is not None and (isinstance(rank, bool) or int(rank) != rank or rank < 0):
+            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         self.out_dir = Path(out_dir)
         self.metadata = dump_metadata(producer=producer, synthetic=synthetic, allocator=allocator, **dict(metadata or {}))
         self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
+        self.rank = None if rank is None else int(rank)
+        self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._seq = len(list(self.out_dir.glob(f"{prefix}-*.parquet")))
+        taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
+        seqs = [int(m.group(1)) for q in self.out_dir.iterdir() if (m := taken.fullmatch(q.name))]
+        self._seq = max(seqs) + 1 if seqs else 0
 
     def write(self, *, batch_id: Any, traj_id: Any, turn_id: Any, advantage: Any, ratio: Any, delta: Any,
               mask: Any = None, name: str | None = None, **columns: Any) -> Path:
-        """Write one shard and return its path.
+        """Write one shard and return its path (never replacing an existing file).
 
-        With ``mask`` (shape ``(B, T)``), every 2-D input is read at the masked
+        An explicit ``name`` that exists raises :class:`FileExistsError`.  With ``mask`` (shape ``(B, T)``), every 2-D input is read at the masked
         positions, 1-D inputs of length ``B`` are per-row values, and ``pos``
         defaults to the token's index among its row's masked positions.  Without
         it, every input is flat of the same length (scalars broadcast).
@@ -112,9 +155,16 @@ class DumpWriter:
         arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))
         order = np.lexsort(tuple(arrays[k] for k in ("pos", "turn_id", "traj_id", "batch_id") if k in arrays))
         table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
-        path = self.out_dir / (name or f"{self.prefix}-{self._seq:06d}.parquet")
-        self._seq += 1
-        return write_table_atomic(table, path, metadata=self.metadata, row_group_size=self.row_group_size)
+        write = dict(metadata=self.metadata, row_group_size=self.row_group_size, exclusive=True)
+        if name is not None:
+            return write_table_atomic(table, self.out_dir / name, **write)
+        while True:
+            path = self.out_dir / f"{self.prefix}-{self._seq:06d}-{self.tag}.parquet"
+            self._seq += 1
+            try:
+                return write_table_atomic(table, path, **write)
+            except FileExistsError:
+                continue  # another writer (same rank, reused pid) holds this name: take the next
 
     def _flatten(self, cols: dict[str, Any], mask: np.ndarray | None) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
