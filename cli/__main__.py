@@ -1,5 +1,5 @@
-"""``python -m icsd_audit.cli`` runs the same app as the ``icsd`` console script."""
+"""``python -m icsd_audit.cli`` runs the same entry point as the ``icsd`` console script."""
 
-from .main import app
+from .main import main
 
-app()
+main()

@@ -8,7 +8,7 @@ from typing import List
 import typer
 
 from . import options as O
-from .common import handle_errors, set_threads, stderr_console
+from .common import check_output_file, handle_errors, set_threads, stderr_console
 from .apps import audit_app
 
 
@@ -31,6 +31,7 @@ def coeffs(
     from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.dumps.coeffs import compute_coefficients
 
+    check_output_file(out, paths)
     set_threads()
     opts = AllocatorOptions(allocator=allocator, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)
     s = compute_coefficients(paths, out, opts)

@@ -17,7 +17,8 @@ from .apps import audit_app
 @audit_app.command("gradcos")
 @handle_errors
 def gradcos(
-    paths: List[Path] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns."),
+    paths: List[Path] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns.",
+                                       readable=False),
     base: str = O.BASE,
     compare: str = O.COMPARE,
     trust: str = O.TRUST,
@@ -37,6 +38,10 @@ def gradcos(
     from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.grads.cosines import run_gradcos
 
+    if permutations < 0:
+        raise ValueError(f"--permutations must be >= 0, got {permutations}")
+    if blocks < 0:
+        raise ValueError(f"--blocks must be >= 0 (0: skip the jackknife), got {blocks}")
     set_threads()
     opts = dict(trust=trust, seed=seed)
     res = run_gradcos(paths, base=AllocatorOptions(allocator=base, **opts), compare=AllocatorOptions(allocator=compare, **opts),

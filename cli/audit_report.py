@@ -8,7 +8,7 @@ from typing import Any, List
 import typer
 
 from . import options as O
-from .common import handle_errors, set_threads, stderr_console
+from .common import check_output_dir, handle_errors, set_threads, stderr_console
 from .apps import audit_app
 
 def _options(**kw: Any) -> Any:
@@ -42,7 +42,9 @@ def figures(
     Example: icsd audit figures runs/dumps/ --out figs/ --format png,pdf
     """
     from icsd_audit.report.build import audit_dumps, write_figures
+    from icsd_audit.report.results import figures_own
 
+    check_output_dir(out, paths, figures_own)
     set_threads()
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
@@ -70,7 +72,9 @@ def report(
     Example: icsd audit report runs/dumps/ --out audit/ --compare icsd --resamples 10000
     """
     from icsd_audit.report.build import audit_dumps, write_report
+    from icsd_audit.report.results import report_owns
 
+    check_output_dir(out, paths, report_owns)
     set_threads()
     rep = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,
                                      confidence, grid, permutations))

@@ -23,17 +23,43 @@ def fail(message: str) -> "typer.Exit":
     return typer.Exit(EXIT_BAD_INPUT)
 
 
+def os_error_line(exc: OSError) -> str:
+    """``FILE: reason`` for an I/O or permission failure (pyarrow's text cut to its first line)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    name = exc.filename if getattr(exc, "filename", None) else None
+    if name is not None and exc.strerror:
+        other = f" -> {exc.filename2}" if getattr(exc, "filename2", None) else ""
+        return f"{name}{other}: {exc.strerror}"
+    return first
+
+
 def handle_errors(fn: F) -> F:
-    """Turn bad-input exceptions into one stderr line and exit code 2, no traceback."""
+    """Turn bad-input, I/O and permission exceptions into one stderr line and exit code 2, no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (ValueError, FileNotFoundError, KeyError) as exc:
-            raise fail(str(exc)) from None
+        except (ValueError, KeyError) as exc:
+            raise fail(str(exc) if not isinstance(exc, KeyError) or not exc.args else str(exc.args[0])) from None
+        except OSError as exc:  # includes pyarrow's ArrowIOError, FileNotFoundError, PermissionError
+            raise fail(os_error_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_output_file(out: Any, paths: Any) -> None:
+    """Refuse, before any work, an output file that is an input or cannot be written."""
+    from icsd_audit.outputs import check_output_file as check
+
+    check(out, paths)
+
+
+def check_output_dir(out: Any, paths: Any, owned: Callable[[str], bool]) -> None:
+    """Refuse, before any work, an output directory that is or holds an input or cannot be written."""
+    from icsd_audit.outputs import check_output_dir as check
+
+    check(out, paths, owned=owned)
 
 
 def stderr_console() -> Any:

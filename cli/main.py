@@ -3,12 +3,56 @@
 Each command module registers its commands on the apps of :mod:`.apps` and imports
 the library (and torch) only inside its functions, so ``icsd --help`` stays instant.
 Importing the command modules here, in the order the help lists them, is what
-registers them.
+registers them.  :func:`main` (the console script) runs the app so that usage
+errors (a missing argument, a bad option value) are one ``error:`` line with exit
+code 2 like every other error, not a framework box.
 """
 
 from __future__ import annotations
 
+import errno
+import sys
+from typing import Sequence
+
 from . import audit_coeffs, synth, audit_stats, audit_gradcos, audit_report, train  # noqa: F401,I001  (registration order = help order)
 from .apps import app, audit_app
 
-__all__ = ["app", "audit_app"]
+__all__ = ["app", "audit_app", "main"]
+
+
+def _click_class(name: str) -> type:
+    """The click exception class ``name`` that typer uses (its vendored copy in typer >= 0.20, else click's)."""
+    import typer
+
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``icsd``; every click usage error becomes one stderr line."""
+    import typer
+
+    from .common import os_error_line
+
+    click_exception, usage_error = _click_class("ClickException"), _click_class("UsageError")
+    try:
+        rv = app(args=None if argv is None else list(argv), standalone_mode=False)
+    except click_exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
+            msg = exc.format_message()
+            if msg.strip():
+                print(msg, file=sys.stderr)
+            sys.exit(exc.exit_code)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if isinstance(exc, usage_error) and ctx is not None else ""
+        print(f"error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:  # stdout closed by the reader (| head): nothing more to say
+            sys.stderr.close()
+            sys.exit(1)
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)

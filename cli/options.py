@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import typer
 
-PATHS = typer.Argument(..., help="Parquet files or directories of token dumps.")
+# readable=False: the reader reports an unreadable input as one ``FILE: ...`` line like every other error
+PATHS = typer.Argument(..., help="Parquet files or directories of token dumps.", readable=False)
 ALLOCATOR = typer.Option("icsd", help="Allocator: icsd, sdar, opsd, fisher, sign, influence-only, gaussian, permuted.")
 BASE = typer.Option("sdar", "--base", help="Base allocator (the reference side of every difference).")
 COMPARE = typer.Option("icsd", "--compare", help="Compared allocator: icsd, fisher, sign, influence-only, gaussian, ...")

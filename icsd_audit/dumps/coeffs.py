@@ -5,12 +5,17 @@ with the same allocator functions training deployed.  Coefficients are parked in
 a disk-backed array indexed by input row, then a second pass streams the input row
 groups in order and appends them, so the output keeps the input row order without
 holding the run in memory.
+
+The scratch directory (memmaps of up to 40 bytes per row, and the output until it
+is complete) is a hidden sibling of the output named ``.{out}.icsd-coeffs-{pid}-*``
+holding no ``*.parquet`` file, so a reader pointed at the output's directory never
+reads it; it is removed on success, on any error and on SIGTERM, and a later run
+removes those of processes killed outright (``kill -9``).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -25,6 +30,7 @@ from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
 from icsd_audit.dumps.reader import METADATA_KEY, DumpReader, TokenBatch
 from icsd_audit.alloc.segments import dense_ids, segment_sum
+from icsd_audit.outputs import temp_dir
 
 __all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients"]
 
@@ -67,8 +73,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     out = Path(out)
     reader = DumpReader(paths, columns=None)
     summary = CoeffsSummary(n_rows=reader.n_rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".icsd-coeffs-", dir=out.parent) as tmp:
+    with temp_dir(out, "coeffs") as tmp:
         store = {k: np.lib.format.open_memmap(Path(tmp) / f"{k}.npy", mode="w+", dtype=np.float64, shape=(reader.n_rows,))
                  for k in ("g", "u", "m", "c")}
         fb = np.lib.format.open_memmap(Path(tmp) / "fallback.npy", mode="w+", dtype=np.bool_, shape=(reader.n_rows,))
@@ -89,7 +94,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
         meta = reader.metadata()[0]
         meta = dict(meta) if meta else dump_metadata(producer="unknown", synthetic=False)
         meta["audit_coeffs"] = {"allocator": opts.kwargs()}
-        tmp_out = Path(tmp) / "out.parquet"
+        tmp_out = Path(tmp) / "out.partial"  # not *.parquet: no reader ever takes it for a dump
         writer: pq.ParquetWriter | None = None
         try:
             for _, offset, table in reader.row_groups():

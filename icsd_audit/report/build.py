@@ -11,9 +11,10 @@ from what it was computed on.
 (:func:`icsd_audit.alloc.options.weight_pair`) into the statistics accumulators of
 :mod:`icsd_audit.stats.api`; statistics are computed there, once, and this module only
 arranges their result objects.  :func:`write_figures` and :func:`write_report`
-render everything in memory first and then write each file atomically, so a
-failure never leaves a half-written output.  Rendering of tables and the HTML
-page lives in :mod:`icsd_audit.report.render`.
+render everything in memory first, write the set into a fresh sibling directory
+and swap it in (:func:`icsd_audit.outputs.publish_directory`): a reader sees the
+old report or the new one, never a mix, and no file of an earlier run survives.
+Rendering of tables and the HTML page lives in :mod:`icsd_audit.report.render`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from icsd_audit import __version__
 from icsd_audit.alloc.options import weight_pair
 from icsd_audit.grads.cosines import GradcosSummary, batch_cosines, batch_source, permutation_matrix, summarize
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, resolve_paths
-from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions
+from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 
 __all__ = [
@@ -172,44 +173,30 @@ def _render_all(figs: Mapping[str, Any], formats: Sequence[str], dpi: int | None
 
 def write_figures(report: AuditReport, out: str | Path, formats: Sequence[str] = ("png",), *,
                   dpi: int | None = None) -> list[Path]:
-    """Render every figure in each format (png, pdf, svg) into ``out``; returns the paths written."""
-    from icsd_audit.report.figures.style import write_atomic
+    """Render every figure in each format (png, pdf, svg) as the whole of ``out``; returns the paths written."""
+    from icsd_audit.outputs import publish_directory
 
     bad = [f for f in formats if f not in ("png", "pdf", "svg")]
     if bad or not formats:
         raise ValueError(f"unknown figure format(s) {', '.join(bad) or '(none)'}; choose from png, pdf, svg")
     blobs = _render_all(make_figures(report), formats, dpi)
-    out = Path(out)
-    paths = []
-    for name, data in blobs.items():
-        write_atomic(out / name, data)
-        paths.append(out / name)
-    return paths
+    return list(publish_directory(out, blobs, owned=figures_own).values())
 
 
 def write_report(report: AuditReport, out: str | Path, *, dpi: int = 200) -> dict[str, Path]:
-    """Write ``summary.json``, ``summary.md``, ``report.html`` and ``figures/*.png`` into ``out``.
+    """Write ``summary.json``, ``summary.md``, ``report.html`` and ``figures/*.png`` as the whole of ``out``.
 
     The HTML page is self-contained (figures as base64 PNG, inline CSS, a
     Content-Security-Policy that forbids any network request), so it can be mailed
     or archived as one file.
     """
-    from icsd_audit.report.figures.style import write_atomic
+    from icsd_audit.outputs import publish_directory
     from icsd_audit.report.render import render_html, render_markdown
 
     blobs = _render_all(make_figures(report), ("png",), dpi)
     summary = report.to_dict()
-    files = {
-        "summary.json": (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode(),
-        "summary.md": render_markdown(report, [n for n in FIGURE_NAMES if f"{n}.png" in blobs]).encode(),
-        "report.html": render_html(report, {n: blobs[f"{n}.png"] for n in FIGURE_NAMES if f"{n}.png" in blobs}).encode(),
-    }
-    out = Path(out)
-    written: dict[str, Path] = {}
-    for name, data in blobs.items():
-        write_atomic(out / "figures" / name, data)
-        written[f"figures/{name}"] = out / "figures" / name
-    for name, data in files.items():
-        write_atomic(out / name, data)
-        written[name] = out / name
-    return written
+    files = {f"figures/{name}": data for name, data in blobs.items()}
+    files["summary.json"] = (json.dumps(summary, indent=2, allow_nan=False) + "\n").encode()
+    files["summary.md"] = render_markdown(report, [n for n in FIGURE_NAMES if f"{n}.png" in blobs]).encode()
+    files["report.html"] = render_html(report, {n: blobs[f"{n}.png"] for n in FIGURE_NAMES if f"{n}.png" in blobs}).encode()
+    return publish_directory(out, files, owned=report_owns)

@@ -14,11 +14,25 @@ from icsd_audit.alloc.options import AllocatorOptions
 from icsd_audit.grads.cosines import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
 
-__all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA"]
+__all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
+           "report_owns", "figures_own"]
 
 #: figure file stems, in the order the report shows them
 FIGURE_NAMES = ("quadrants", "landscape", "shift", "alignment", "dynamics")
+FIGURE_FORMATS = ("png", "pdf", "svg")
+REPORT_FILES = ("summary.json", "summary.md", "report.html")
 REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
+
+
+def figures_own(rel: str) -> bool:
+    """Whether ``rel`` (a path inside a figures directory) is a file ``write_figures`` writes."""
+    stem, _, ext = rel.rpartition(".")
+    return stem in FIGURE_NAMES and ext in FIGURE_FORMATS
+
+
+def report_owns(rel: str) -> bool:
+    """Whether ``rel`` (a path inside a report directory) is a file ``write_report`` writes."""
+    return rel in REPORT_FILES or (rel.startswith("figures/") and figures_own(rel[len("figures/"):]))
 
 
 @dataclass(frozen=True)
