@@ -21,7 +21,7 @@ from icsd_audit.dumps.writer import DumpWriter, write_table_atomic
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 300, threads: int = 1) -> subprocess.CompletedProcess[str]:
     """``icsd ARGS`` in this process (the console script's entry point; no second torch import)."""
     import contextlib
     import io
@@ -30,7 +30,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
     out, err = io.StringIO(), io.StringIO()
     old = os.environ.get("ICSD_THREADS")
-    os.environ["ICSD_THREADS"] = "1"
+    os.environ["ICSD_THREADS"] = str(threads)
     code: int | str | None = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
