@@ -63,4 +63,7 @@ def gradcos(
         if r is not None:
             se = err.get(name)
             table.add_row(name, f"{r.estimate:.4f}", f"{r.ci_low:.4f}", f"{r.ci_high:.4f}", "-" if se is None else f"{se:.4f}")
+    if res.skipped:
+        table.caption = (f"skipped {len(res.skipped)} batch{'es' if len(res.skipped) > 1 else ''} with an undefined "
+                         "cosine: " + "; ".join(f"batch {b}: {r}" for b, r in res.skipped))
     Console().print(table)

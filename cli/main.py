@@ -27,6 +27,17 @@ def _click_class(name: str) -> type:
     return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 
+def _one_line_warnings() -> None:
+    """Warnings as one ``warning: ...`` stderr line each, every distinct message once."""
+    import warnings
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None, line=None) -> None:
+        print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = show  # type: ignore[assignment]
+    warnings.simplefilter("once", UserWarning)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``icsd``; every click usage error becomes one stderr line."""
     import typer
@@ -34,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .common import os_error_line
 
     click_exception, usage_error = _click_class("ClickException"), _click_class("UsageError")
+    _one_line_warnings()
     try:
         rv = app(args=None if argv is None else list(argv), standalone_mode=False)
     except click_exception as exc:

@@ -28,11 +28,14 @@ import torch
 from icsd_audit.alloc.options import AllocatorOptions, allocate_batch
 from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
-from icsd_audit.dumps.reader import METADATA_KEY, DumpReader, TokenBatch
+from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBatch
 from icsd_audit.alloc.segments import dense_ids, segment_sum
-from icsd_audit.outputs import temp_dir
+from icsd_audit.outputs import check_output_file, temp_dir
 
-__all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients"]
+__all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients", "merged_metadata"]
+
+#: columns coeffs writes (replacing deployed ones of the same name)
+OUTPUT_COLUMNS = ("g", "u", "m", "c", "fallback")
 
 
 def iter_allocations(reader: DumpReader, opts: AllocatorOptions) -> Iterator[tuple[TokenBatch, Allocation]]:
@@ -70,8 +73,9 @@ def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
 
 def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions) -> CoeffsSummary:
     """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order."""
-    out = Path(out)
+    out = check_output_file(out, paths)
     reader = DumpReader(paths, columns=None)
+    _check_same_columns(reader)
     summary = CoeffsSummary(n_rows=reader.n_rows)
     with temp_dir(out, "coeffs") as tmp:
         store = {k: np.lib.format.open_memmap(Path(tmp) / f"{k}.npy", mode="w+", dtype=np.float64, shape=(reader.n_rows,))
@@ -91,8 +95,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
             summary.max_turn_mass_error = max(summary.max_turn_mass_error, _turn_mass_error(batch, alloc))
             summary.diagnostics.append({"batch_id": batch.batch_id, **d.to_dict()})
 
-        meta = reader.metadata()[0]
-        meta = dict(meta) if meta else dump_metadata(producer="unknown", synthetic=False)
+        meta = merged_metadata(reader)
         meta["audit_coeffs"] = {"allocator": opts.kwargs()}
         tmp_out = Path(tmp) / "out.partial"  # not *.parquet: no reader ever takes it for a dump
         writer: pq.ParquetWriter | None = None
@@ -108,7 +111,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
                     schema = table.schema.with_metadata(kv)
                     writer = pq.ParquetWriter(tmp_out, schema, compression="zstd",
                                               use_dictionary=dictionary_columns(schema))
-                writer.write_table(table.cast(writer.schema))
+                writer.write_table(table.select(writer.schema.names).cast(writer.schema))
         finally:
             if writer is not None:
                 writer.close()
@@ -120,3 +123,56 @@ def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, values)
     return table.append_column(name, values)
+
+
+def _check_same_columns(reader: DumpReader) -> None:
+    """One output table needs one column set: refuse, before any work, inputs whose columns differ."""
+    first, ref = reader.paths[0], reader.schemas[0]
+    want = [n for n in ref.names if n not in OUTPUT_COLUMNS]
+    for path, schema in zip(reader.paths[1:], reader.schemas[1:]):
+        have = [n for n in schema.names if n not in OUTPUT_COLUMNS]
+        missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+        if missing or extra:
+            what = "; ".join(x for x in (f"lacks {', '.join(missing)}" if missing else "",
+                                         f"has extra {', '.join(extra)}" if extra else "") if x)
+            raise DumpError(path, f"columns differ from {first} ({what}); coeffs writes one table, so every input "
+                                  "needs the same columns", column=(missing or extra)[0])
+        for name in want:
+            src, dst = schema.field(name).type, ref.field(name).type
+            if src != dst:
+                try:
+                    pa.array([], type=src).cast(dst)
+                except (pa.ArrowException, ValueError, TypeError):
+                    raise DumpError(path, f"type {src} cannot be written as {dst}, its type in {first}",
+                                    column=name) from None
+
+
+def merged_metadata(reader: DumpReader) -> dict[str, Any]:
+    """The output's ``icsd.dump`` blob: the inputs' when they agree, else the shared part plus per-file groups.
+
+    When inputs disagree (different runs, producers or allocator settings), the keys
+    they share stay at the top level and ``inputs`` lists each distinct combination of
+    the others with the files that carry it, so no file's provenance is lost or
+    misattributed; ``synthetic`` is true when any input is synthetic.
+    """
+    blobs = reader.metadata()
+    def key(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, default=str)
+
+    if len({key(b) for b in blobs}) == 1:
+        return dict(blobs[0]) if blobs[0] else dump_metadata(producer="unknown", synthetic=False)
+    names = list(dict.fromkeys(k for b in blobs for k in b))
+    shared = [k for k in names if all(k in b for b in blobs) and len({key(b[k]) for b in blobs}) == 1]
+    differing = [k for k in names if k not in shared]
+    groups: dict[str, dict[str, Any]] = {}
+    for path, b in zip(reader.paths, blobs):
+        part = {k: b.get(k) for k in differing}
+        groups.setdefault(key(part), {"files": [], **part})["files"].append(str(path))
+    meta = {k: blobs[0][k] for k in shared}
+    meta.update(schema="icsd.token_dump", version=1)
+    if "synthetic" not in shared:
+        meta["synthetic"] = any(b.get("synthetic") is True for b in blobs)
+    if "producer" not in shared:
+        meta["producer"] = {"name": "mixed: see inputs"}
+    meta["inputs"] = list(groups.values())
+    return meta

@@ -5,12 +5,22 @@ the row group it came from) in memory, whatever the size of the run.  It first
 reads only the ``batch_id`` column of every row group to learn which batches live
 where, then yields batches in order of first appearance, re-reading a row group
 only when its batch spans several.  Every row group is validated when first read,
-so the first bad row of the first bad file is the one reported.
+so the first bad row of the first bad file is the one reported; a row group that
+cannot be decoded (a corrupt page) is reported the same way, as one line naming
+the file and its first row.
+
+The ``icsd.dump`` metadata of every file is checked when the reader opens it: a
+foreign schema, an unknown major version or a blob that is not a JSON object is
+refused; a file without the blob gets one warning (:class:`DumpWarning`), and so do
+files whose recorded allocator settings or synthetic flags disagree.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +33,18 @@ import pyarrow.parquet as pq
 from icsd_audit.data_schemas import load_schema
 from icsd_audit.tokens import Tokens
 
-__all__ = ["DumpError", "TokenBatch", "DumpReader", "read_dumps", "prefetch", "resolve_paths", "read_metadata",
-           "METADATA_KEY", "REQUIRED"]
+__all__ = ["DumpError", "DumpWarning", "TokenBatch", "DumpReader", "read_dumps", "prefetch", "resolve_paths",
+           "read_metadata", "check_metadata", "schema_names", "METADATA_KEY", "REQUIRED"]
 
 _SCHEMA = load_schema(1)
 METADATA_KEY: str = _SCHEMA["metadata_key"]
 REQUIRED: tuple[str, ...] = tuple(_SCHEMA["required"])
 _INT_COLS = ("batch_id", "traj_id", "turn_id")
 _FLOAT_COLS = ("advantage", "ratio", "delta")
+_SCHEMA_NAME = "icsd.token_dump"
+_MAJOR = 1
+#: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-PID-*``, and ``.icsd-coeffs-*`` of older versions)
+_SCRATCH = re.compile(r"\..*icsd-[a-z]+-.*")
 
 
 class DumpError(ValueError):
@@ -46,35 +60,116 @@ class DumpError(ValueError):
         self.path, self.column, self.row = str(path), column, row
 
 
+class DumpWarning(UserWarning):
+    """Input that is usable but whose provenance is missing or inconsistent."""
+
+
+def _unreadable(path: Path, what: str) -> DumpError:
+    return DumpError(path, f"permission denied: cannot read this {what}")
+
+
 def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files as given, directories expanded to every ``*.parquet`` below them in sorted order."""
+    """Files as given, directories expanded to every ``*.parquet`` below them in sorted order.
+
+    Hidden scratch directories of icsd writers are skipped; an unreadable file or
+    directory is an error naming it (never silently skipped).
+    """
     if not paths:
         raise DumpError("<input>", "no input paths given")
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*.parquet") if q.is_file())
+            if not os.access(p, os.R_OK | os.X_OK):
+                raise _unreadable(p, "directory")
+            found = []
+
+            def fail(exc: OSError, top: Path = p) -> None:
+                raise _unreadable(Path(exc.filename or top), "directory") from None
+
+            for d, dirs, files in os.walk(p, onerror=fail, followlinks=True):
+                dirs[:] = [x for x in dirs if not _SCRATCH.fullmatch(x)]
+                found += [Path(d) / f for f in files if f.endswith(".parquet") and os.path.isfile(os.path.join(d, f))]
             if not found:
                 raise DumpError(p, "directory holds no *.parquet files")
-            out.extend(found)
+            out.extend(sorted(found))
         elif p.is_file():
             out.append(p)
+        elif os.path.lexists(p) and not os.path.exists(p):
+            raise DumpError(p, "broken symbolic link")
         else:
             raise DumpError(p, "no such file or directory")
+    for f in out:
+        if not os.access(f, os.R_OK):
+            raise _unreadable(f, "file")
     return out
 
 
-def read_metadata(path: Path | str) -> dict:
-    """The ``icsd.dump`` JSON blob of one file ({} when absent or unreadable as JSON)."""
-    meta = pq.read_schema(path).metadata or {}
-    raw = meta.get(METADATA_KEY.encode())
+def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
+    """The ``icsd.dump`` blob (None when absent); a foreign or unknown-version blob is a DumpError."""
+    raw = (kv or {}).get(METADATA_KEY.encode())
     if raw is None:
-        return {}
+        return None
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DumpError(path, f"metadata '{METADATA_KEY}' is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise DumpError(path, f"metadata '{METADATA_KEY}' is not a JSON object")
+    if meta.get("schema") != _SCHEMA_NAME:
+        raise DumpError(path, f"metadata '{METADATA_KEY}' names schema {meta.get('schema')!r}, not {_SCHEMA_NAME!r}")
+    version = meta.get("version")
+    try:
+        major = int(str(version).split(".")[0]) if not isinstance(version, bool) else None
+    except ValueError:
+        major = None
+    if major != _MAJOR:
+        raise DumpError(path, f"metadata '{METADATA_KEY}' has schema version {version!r}; this icsd reads major "
+                              f"version {_MAJOR} (upgrade icsd to read newer dumps)")
+    return meta
+
+
+def read_metadata(path: Path | str) -> dict:
+    """The checked ``icsd.dump`` JSON blob of one file ({} when absent)."""
+    try:
+        kv = pq.read_schema(path).metadata
+    except (pa.ArrowException, OSError) as exc:
+        raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
+    return _parse_metadata(path, kv) or {}
+
+
+def check_metadata(paths: Sequence[Path], metas: Sequence[dict | None]) -> None:
+    """Warn once about files without provenance and about files whose recorded settings disagree."""
+    missing = [p for p, m in zip(paths, metas) if m is None]
+    if missing:
+        more = f" and {len(missing) - 1} more file(s)" if len(missing) > 1 else ""
+        warnings.warn(f"{missing[0]}{more}: no '{METADATA_KEY}' metadata; provenance (producer, allocator, "
+                      "synthetic flag) unknown", DumpWarning, stacklevel=3)
+    for key in ("allocator", "synthetic"):
+        groups: dict[str, list[Path]] = {}
+        for p, m in zip(paths, metas):
+            if m is not None:
+                groups.setdefault(json.dumps(m.get(key), sort_keys=True, default=str), []).append(p)
+        if len(groups) > 1:
+            parts = [f"{files[0]}{f' (+{len(files) - 1} more)' if len(files) > 1 else ''}: {value}"
+                     for value, files in groups.items()]
+            warnings.warn(f"input files record different {key} settings, pooled anyway: " + "; ".join(parts),
+                          DumpWarning, stacklevel=3)
+
+
+def schema_names(paths: Sequence[str | Path]) -> set[str]:
+    """Every column name in any of the dumps at ``paths`` (footers only)."""
+    names: set[str] = set()
+    for path in resolve_paths(paths):
+        try:
+            names.update(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
+    return names
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _check_types(path: Path, schema: pa.Schema) -> None:
@@ -135,20 +230,22 @@ class DumpReader:
         self._files = []
         self._groups: list[_Group] = []
         self._batches: "OrderedDict[int, list[int]]" = OrderedDict()
+        self._metas: list[dict | None] = []
         total = 0
         for fi, path in enumerate(self.paths):
             try:
                 pf = pq.ParquetFile(path)
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise DumpError(path, f"not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+            except (pa.ArrowException, OSError) as exc:
+                raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
             _check_types(path, pf.schema_arrow)
+            self._metas.append(_parse_metadata(path, pf.schema_arrow.metadata))
             self._files.append(pf)
             offset = 0
             for gi in range(pf.num_row_groups):
                 n = pf.metadata.row_group(gi).num_rows
                 if n == 0:
                     continue
-                ids = pf.read_row_group(gi, columns=["batch_id"]).column(0).to_numpy()
+                ids = _read_group(pf, path, gi, ["batch_id"], offset).column(0).to_numpy()
                 group_no = len(self._groups)
                 self._groups.append(_Group(fi, gi, n, offset, total))
                 # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
@@ -158,6 +255,7 @@ class DumpReader:
                 total += n
         if total == 0:
             raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
+        check_metadata(self.paths, self._metas)
         self.n_rows = total
         self.schema = self._files[0].schema_arrow
         self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *columns]))
@@ -170,7 +268,13 @@ class DumpReader:
         return list(self._batches)
 
     def metadata(self) -> list[dict]:
-        return [read_metadata(p) for p in self.paths]
+        """Each file's checked ``icsd.dump`` blob ({} where absent)."""
+        return [dict(m) if m is not None else {} for m in self._metas]
+
+    @property
+    def schemas(self) -> list[pa.Schema]:
+        """Each file's Arrow schema, in input order."""
+        return [pf.schema_arrow for pf in self._files]
 
     def row_groups(self) -> Iterator[tuple[Path, int, pa.Table]]:
         """Every row group in input order, as (file, global row offset, table)."""
@@ -184,7 +288,7 @@ class DumpReader:
         grp = self._groups[gno]
         pf, path = self._files[grp.file], self.paths[grp.file]
         cols = None if self._columns is None else [c for c in self._columns if c in pf.schema_arrow.names]
-        table = pf.read_row_group(grp.index, columns=cols)
+        table = _read_group(pf, path, grp.index, cols, grp.file_offset)
         _check_values(path, table, grp.file_offset)
         self._cache[gno] = table
         while len(self._cache) > 2:
@@ -219,6 +323,15 @@ class DumpReader:
             )
             _check_duplicates(self.paths, batch)
             yield batch
+
+
+def _read_group(pf: pq.ParquetFile, path: Path, index: int, columns: list[str] | None, file_offset: int) -> pa.Table:
+    """One row group; a page that cannot be decoded is a DumpError naming the file and the group's first row."""
+    try:
+        return pf.read_row_group(index, columns=columns)
+    except (pa.ArrowException, OSError, EOFError) as exc:
+        raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({_first_line(exc)})",
+                        row=file_offset) from None
 
 
 def read_dumps(paths: Sequence[str | Path] | str | Path, *, columns: Sequence[str] = ()) -> Iterator[Tokens]:

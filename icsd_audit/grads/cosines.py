@@ -26,7 +26,8 @@ from icsd_audit.grads.compat import cosines, factors_from_columns, jackknife_rep
 from icsd_audit.alloc.permutation import permuted_coefficients
 from icsd_audit.tokens import Tokens, Weights
 
-__all__ = ["GradcosSummary", "batch_source", "batch_cosines", "summarize", "run_gradcos", "JACKKNIFE_MAX_PERM"]
+__all__ = ["GradcosSummary", "CosineRows", "batch_source", "batch_cosines", "summarize", "run_gradcos",
+           "JACKKNIFE_MAX_PERM"]
 
 #: permutations entering the jackknife (its cost grows with every weighting)
 JACKKNIFE_MAX_PERM = 20
@@ -39,6 +40,8 @@ class GradcosSummary:
     ``cos_perm`` is the per-batch mean over ``n_permutations`` shuffles (None without a
     permutation control).  ``sketch_error`` holds jackknife standard errors of the
     across-batch means due to the random projection (None when not computed).
+    ``skipped``: (batch id, reason) of batches whose cosine is undefined (no valid
+    token, a zero RL or distillation direction); they enter no mean.
     """
 
     base_name: str
@@ -55,6 +58,7 @@ class GradcosSummary:
     perm_gain: BootstrapResult | None
     pairing_gain: BootstrapResult | None
     sketch_error: dict[str, float] | None = None
+    skipped: tuple[tuple[int, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -64,6 +68,9 @@ class GradcosSummary:
             rows.append(row)
         out: dict[str, Any] = {"base": self.base_name, "compare": self.compare_name, "n_permutations": self.n_permutations,
                                "batches": rows}
+        if self.skipped:  # (absent when none: outputs of complete runs are unchanged)
+            out["n_skipped"] = len(self.skipped)
+            out["skipped"] = [{"batch_id": int(b), "reason": r} for b, r in self.skipped]
         for k in ("mean_base", "mean_compare", "mean_perm", "gain", "perm_gain", "pairing_gain"):
             v = getattr(self, k)
             out[k] = None if v is None else v.to_dict()
@@ -71,8 +78,13 @@ class GradcosSummary:
         return out
 
 
-def batch_source(batch: TokenBatch, path: str | Path) -> Any:
-    """The batch's gradient sketch: a dense (n, k) ``grad`` matrix or {layer: (U, V)} factors."""
+def batch_source(batch: TokenBatch, path: str | Path, *, paths: Sequence[str | Path] | None = None) -> Any:
+    """The batch's gradient sketch: a dense (n, k) ``grad`` matrix or {layer: (U, V)} factors.
+
+    Values are validated like every other column: a null, NaN or infinite entry is a
+    :class:`DumpError` naming the file (from ``paths`` and the row's origin when given),
+    the column and the row.
+    """
     import pyarrow as pa
 
     names = batch.table.column_names
@@ -80,19 +92,45 @@ def batch_source(batch: TokenBatch, path: str | Path) -> Any:
         col = batch.table.column("grad").combine_chunks()
         if not (pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type)):
             raise DumpError(path, f"expected a fixed-size list of floats, got {col.type}", column="grad")
+        _check_list(batch, col, "grad", path, paths)
         flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
         n = len(col)
         if n == 0 or flat.size % n:
             raise DumpError(path, "rows have unequal gradient sketch lengths", column="grad")
         return flat.reshape(n, flat.size // n)
-    cols = {c: _fixed_list(batch, c) for c in names if c.startswith("sketch.")}
+    cols = {c: _fixed_list(batch, c, path, paths) for c in names if c.startswith("sketch.")}
     if not cols:
         raise DumpError(path, "no gradient sketch: need a 'grad' column or sketch.<layer>.out/.in columns", column="grad")
     return factors_from_columns(cols)
 
 
-def _fixed_list(batch: TokenBatch, name: str) -> np.ndarray:
+def _check_list(batch: TokenBatch, col: Any, name: str, path: str | Path, paths: Sequence[str | Path] | None) -> None:
+    """First null or non-finite entry of a list column, as a DumpError at its row."""
+    import pyarrow as pa
+
+    def fail(row: int, what: str) -> None:
+        where = paths[int(batch.file_index[row])] if paths is not None else path
+        raise DumpError(where, what, column=name, row=int(batch.file_row[row]))
+
+    if col.null_count:
+        fail(int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0]), "null value")
+    values = col.flatten()
+    if not pa.types.is_floating(values.type) and not pa.types.is_integer(values.type):
+        raise DumpError(path, f"expected a list of floats, got {col.type}", column=name)
+    flat = values.to_numpy(zero_copy_only=False)
+    if values.null_count or (flat.dtype.kind == "f" and not np.isfinite(flat).all()):
+        bad = np.flatnonzero(~np.isfinite(flat.astype(np.float64, copy=False)))[0]
+        if isinstance(col, pa.FixedSizeListArray):
+            row = int(bad // col.type.list_size)
+        else:
+            row = int(np.searchsorted(col.offsets.to_numpy()[1:], bad, side="right"))
+        fail(row, "null value inside the list" if np.isnan(flat[bad]) and values.null_count else
+             f"{'NaN' if np.isnan(flat[bad]) else 'infinite'} value")
+
+
+def _fixed_list(batch: TokenBatch, name: str, path: str | Path, paths: Sequence[str | Path] | None) -> np.ndarray:
     col = batch.table.column(name).combine_chunks()
+    _check_list(batch, col, name, path, paths)
     flat = col.flatten().to_numpy(zero_copy_only=False)
     return flat.reshape(len(col), -1)
 
@@ -102,6 +140,11 @@ def batch_cosines(tokens: Tokens, weights: Weights, source: Any, perm: np.ndarra
     """([cos base, cos compare, mean cos perm], jackknife replicates (blocks, 3) or None)."""
     a, base, compare = tokens.numpy(), weights.base, weights.compare
     rl = rl_weights(torch.from_numpy(a.advantage), torch.from_numpy(a.ratio), torch.from_numpy(a.valid), clip_eps, dual_clip)
+    top = float(rl.abs().max()) if rl.numel() else 0.0
+    if top > 1e100 or not np.isfinite(top):
+        # cosines ignore the scale of r; one huge advantage (1e300) would overflow |r|^2
+        adv = a.advantage / np.abs(a.advantage[a.valid]).max()
+        rl = rl_weights(torch.from_numpy(adv), torch.from_numpy(a.ratio), torch.from_numpy(a.valid), clip_eps, dual_clip)
     valid = a.valid.astype(np.float64)
     cols = [base * valid, compare * valid] + ([] if perm is None else list((perm * valid[:, None]).T))
     w = torch.from_numpy(np.column_stack(cols))
@@ -117,8 +160,12 @@ def batch_cosines(tokens: Tokens, weights: Weights, source: Any, perm: np.ndarra
 
 def summarize(batch_ids: Sequence[int], rows: Sequence[np.ndarray], jack: Sequence[np.ndarray] | None, *,
               base_name: str, compare_name: str, n_permutations: int, n_resamples: int, confidence_level: float,
-              seed: int) -> GradcosSummary:
-    """Batch-bootstrap means of the cosines and gains, with the jackknife sketch error."""
+              seed: int, skipped: Sequence[tuple[int, str]] = ()) -> GradcosSummary:
+    """Batch-bootstrap means of the cosines and gains, with the jackknife sketch error.
+
+    ``rows`` must hold defined cosines (see :class:`CosineRows`, which sets undefined
+    batches aside as ``skipped``).
+    """
     m = np.vstack(rows)
     with_perm = n_permutations > 0
     bad = ~np.isfinite(m[:, : 3 if with_perm else 2]).all(axis=1)
@@ -146,8 +193,53 @@ def summarize(batch_ids: Sequence[int], rows: Sequence[np.ndarray], jack: Sequen
         cos_perm=tuple(map(float, m[:, 2])) if with_perm else None, n_permutations=n_permutations,
         mean_base=res[0], mean_compare=res[1], gain=res[2],
         mean_perm=res[3] if with_perm else None, perm_gain=res[4] if with_perm else None,
-        pairing_gain=res[5] if with_perm else None, sketch_error=err,
+        pairing_gain=res[5] if with_perm else None, sketch_error=err, skipped=tuple(skipped),
     )
+
+
+def _why_undefined(tokens: Tokens, clip_eps: float, dual_clip: float) -> str:
+    a = tokens.numpy()
+    if not a.valid.any():
+        return "no valid token"
+    rl = rl_weights(torch.from_numpy(a.advantage), torch.from_numpy(a.ratio), torch.from_numpy(a.valid), clip_eps, dual_clip)
+    if not bool(rl.ne(0).any()):
+        if not (a.advantage[a.valid] != 0).any():
+            return "zero RL direction (every advantage is 0)"
+        return "zero RL direction (the clipped surrogate is flat at every token)"
+    return "zero RL or distillation gradient (the sketch vanishes where the weights are nonzero)"
+
+
+class CosineRows:
+    """Per-batch cosines collected across a run; batches with an undefined cosine are set aside.
+
+    A batch whose RL direction is zero (every advantage 0, as when all rollouts of
+    its groups failed, common with sparse rewards), that has no valid token, or whose
+    distillation direction vanishes has no cosine; it is recorded with the reason and
+    enters no mean.  :meth:`summarize` fails only when no batch is left.
+    """
+
+    def __init__(self, *, with_perm: bool, clip_eps: float, dual_clip: float):
+        self.with_perm, self.clip_eps, self.dual_clip = with_perm, clip_eps, dual_clip
+        self.ids: list[int] = []
+        self.rows: list[np.ndarray] = []
+        self.jack: list[np.ndarray] = []
+        self.skipped: list[tuple[int, str]] = []
+
+    def add(self, batch_id: int, tokens: Tokens, cos: np.ndarray, jack: np.ndarray | None) -> None:
+        if np.isfinite(cos[: 3 if self.with_perm else 2]).all():
+            self.ids.append(int(batch_id))
+            self.rows.append(cos)
+            if jack is not None:
+                self.jack.append(jack)
+        else:
+            self.skipped.append((int(batch_id), _why_undefined(tokens, self.clip_eps, self.dual_clip)))
+
+    def summarize(self, **kw: Any) -> GradcosSummary:
+        if not self.rows:
+            reasons = "; ".join(f"batch {b}: {r}" for b, r in self.skipped[:3])
+            more = f"; and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+            raise ValueError(f"gradient cosine undefined in every batch ({len(self.skipped)} skipped: {reasons}{more})")
+        return summarize(self.ids, self.rows, self.jack or None, skipped=self.skipped, **kw)
 
 
 def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int) -> np.ndarray:
@@ -166,20 +258,21 @@ def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions, compare:
     The permutation control shuffles ICSD's calibrated scores (SPEC 5 ``permuted``),
     so it runs when ``compare`` is ``icsd``; other compare allocators get none.
     """
+    if permutations < 0:
+        raise ValueError(f"permutations must be >= 0, got {permutations}")
+    if blocks < 0:
+        raise ValueError(f"blocks must be >= 0 (0: no jackknife), got {blocks}")
     reader = DumpReader(paths, columns=None)
     with_perm = compare.allocator == "icsd" and permutations > 0
-    ids, rows, jack = [], [], []
+    rows = CosineRows(with_perm=with_perm, clip_eps=clip_eps, dual_clip=dual_clip)
     for batch in reader:
         path = str(reader.paths[int(batch.file_index[0])])
-        source = batch_source(batch, path)
+        source = batch_source(batch, path, paths=reader.paths)
         weights, _ = weight_pair(batch.tokens, base, compare)
         perm = permutation_matrix(batch.tokens, compare, permutations, seed) if with_perm else None
         cos, j = batch_cosines(batch.tokens, weights, source, perm, clip_eps=clip_eps, dual_clip=dual_clip,
                                blocks=blocks)
-        ids.append(batch.batch_id)
-        rows.append(cos)
-        if j is not None:
-            jack.append(j)
-    return summarize(ids, rows, jack or None, base_name=base.allocator, compare_name=compare.allocator,
-                     n_permutations=permutations if with_perm else 0, n_resamples=n_resamples,
-                     confidence_level=confidence_level, seed=seed)
+        rows.add(batch.batch_id, batch.tokens, cos, j)
+    return rows.summarize(base_name=base.allocator, compare_name=compare.allocator,
+                          n_permutations=permutations if with_perm else 0, n_resamples=n_resamples,
+                          confidence_level=confidence_level, seed=seed)

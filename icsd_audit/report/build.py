@@ -28,8 +28,8 @@ import numpy as np
 
 from icsd_audit import __version__
 from icsd_audit.alloc.options import weight_pair
-from icsd_audit.grads.cosines import GradcosSummary, batch_cosines, batch_source, permutation_matrix, summarize
-from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, resolve_paths
+from icsd_audit.grads.cosines import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
+from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 
@@ -93,10 +93,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     batches; bootstraps run once at the end on per-turn sums.
     """
     opts = options or ReportOptions()
-    import pyarrow.parquet as pq
-
     # optional columns are read where a file has them; absent ones are never loaded
-    names = set().union(*(pq.read_schema(p).names for p in resolve_paths(paths)))
+    names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
     reader = DumpReader(paths, columns=["step", "env", *sketch_cols])
     acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
@@ -106,9 +104,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare)
     steps: set[Any] = set()
     with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
-    cos_rows: list[np.ndarray] = []
-    cos_jack: list[np.ndarray] = []
-    cos_ids: list[int] = []
+    cos_rows = CosineRows(with_perm=with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
     n_tokens = n_batches = 0
     for batch in prefetch(reader):
         tokens = batch.tokens
@@ -121,12 +117,10 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
         if sketch_cols:
             perm = permutation_matrix(tokens, opts.allocator(opts.compare), opts.permutations, opts.seed) if with_perm else None
-            cos, jack = batch_cosines(tokens, weights, batch_source(batch, reader.paths[int(batch.file_index[0])]),
-                                      perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, blocks=opts.jackknife_blocks)
-            cos_rows.append(cos)
-            cos_ids.append(batch.batch_id)
-            if jack is not None:
-                cos_jack.append(jack)
+            source = batch_source(batch, reader.paths[int(batch.file_index[0])], paths=reader.paths)
+            cos, jack = batch_cosines(tokens, weights, source, perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip,
+                                      blocks=opts.jackknife_blocks)
+            cos_rows.add(batch.batch_id, tokens, cos, jack)
         n_tokens += int(tokens.valid.sum())
         n_batches += 1
     boot = dict(n_resamples=opts.n_resamples, confidence_level=opts.confidence_level, rng=opts.seed)
@@ -136,9 +130,9 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         stats=stats,
         landscape=land.finalize(),
         dynamics=dynamics,
-        gradcos=summarize(cos_ids, cos_rows, cos_jack or None, base_name=opts.base, compare_name=opts.compare,
-                          n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
-                          confidence_level=opts.confidence_level, seed=opts.seed) if cos_rows else None,
+        gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
+                                   n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
+                                   confidence_level=opts.confidence_level, seed=opts.seed) if sketch_cols else None,
         provenance=provenance(reader, opts, n_tokens, n_batches),
         options=opts,
     )

@@ -125,11 +125,20 @@ def report_tables(report: AuditReport) -> list[Table]:
                      ("pairing-specific gain", _signed(g.pairing_gain, 3, 1.0))]
         out.append(Table("alignment", "Gradient compatibility (batch bootstrap)", ("quantity", f"estimate [{level} CI]"),
                          tuple(rows), f"{len(g.batch_ids)} batches; gain positive in "
-                         f"{sum(b < c for b, c in zip(g.cos_base, g.cos_compare))}."))
+                         f"{sum(b < c for b, c in zip(g.cos_base, g.cos_compare))}." + _skipped_note(g)))
     if report.dynamics is not None:
         rows = tuple((str(k), _ci(r.base), _ci(r.compare), _signed(r.diff)) for k, r in report.dynamics.items())
         out.append(Table("dynamics", "Trusted-conflict mass per step (%)", ("step", bn, cn, f"{cn} \u2212 {bn} (pp)"), rows))
     return out
+
+
+def _skipped_note(g: Any) -> str:
+    """Batches left out of the gradient means, and why ('' when none)."""
+    if not g.skipped:
+        return ""
+    shown = "; ".join(f"batch {b}: {r}" for b, r in g.skipped[:5])
+    more = f"; {len(g.skipped) - 5} more" if len(g.skipped) > 5 else ""
+    return f" Skipped {len(g.skipped)} batch{'es' if len(g.skipped) > 1 else ''} with an undefined cosine ({shown}{more})."
 
 
 def _range(lo: float, hi: float) -> str:
