@@ -5,7 +5,9 @@ the library (and torch) only inside its functions, so ``icsd --help`` stays inst
 Importing the command modules here, in the order the help lists them, is what
 registers them.  :func:`main` (the console script) runs the app so that usage
 errors (a missing argument, a bad option value) are one ``error:`` line with exit
-code 2 like every other error, not a framework box.
+code 2 like every other error, not a framework box, and warnings (a dump without
+provenance metadata, inputs that disagree) are one ``warning:`` line each, printed
+once the command has succeeded: a failing command prints its one error line only.
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ def _click_class(name: str) -> type:
     return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 
-def _one_line_warnings() -> None:
-    """Warnings as one ``warning: ...`` stderr line each, every distinct message once."""
+def _one_line_warnings() -> list[str]:
+    """Collect warnings as one-line messages, each distinct message once.
+
+    They are printed (``warning: ...``) when the command succeeds; a failing command
+    prints its one error line only.
+    """
     import warnings
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None, line=None) -> None:
-        print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
+    seen: list[str] = []
 
-    warnings.showwarning = show  # type: ignore[assignment]
+    def keep(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        if text not in seen:
+            seen.append(text)
+
+    warnings.showwarning = keep  # type: ignore[assignment]
     warnings.simplefilter("once", UserWarning)
+    return seen
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -45,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .common import os_error_line
 
     click_exception, usage_error = _click_class("ClickException"), _click_class("UsageError")
-    _one_line_warnings()
+    warned = _one_line_warnings()
     try:
         rv = app(args=None if argv is None else list(argv), standalone_mode=False)
     except click_exception as exc:
@@ -67,4 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(1)
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    code = rv if isinstance(rv, int) else 0
+    if code == 0:
+        for text in warned:
+            print(f"warning: {text}", file=sys.stderr)
+    sys.exit(code)

@@ -9,9 +9,10 @@ as a whole.  :func:`publish_directory` writes a directory's complete new content
 into a fresh hidden sibling and swaps it in with one rename, so a reader sees the
 old set or the new one, never a mix, and no file of an earlier run survives.
 
-Temporaries are hidden siblings named ``.{name}.icsd-{kind}-{pid}-{random}``; they
-never end in ``.parquet`` (the dump reader skips them) and :func:`remove_stale`
-deletes those a killed process (``kill -9``) left behind.  Nothing here imports
+Temporaries are hidden siblings named ``.{name}.icsd-{kind}-{host}-{pid}-{random}``;
+they never end in ``.parquet`` (the dump reader skips them) and :func:`remove_stale`
+deletes those a killed process (``kill -9``) of this host left behind (a live
+process of another host sharing the directory is never touched).  Nothing here imports
 torch.
 """
 
@@ -126,7 +127,17 @@ def _foreign(root: Path, owned: Callable[[str], bool]) -> str | None:
 
 # --------------------------------------------------------------------------- temporaries
 
-_TEMP = re.compile(r"\.(?P<name>.+)\.icsd-(?P<kind>[a-z]+)-(?P<pid>\d+)-[A-Za-z0-9_]+")
+_TEMP = re.compile(r"\.(?P<name>.+)\.icsd-(?P<kind>[a-z]+)-(?P<host>[A-Za-z0-9]*)-(?P<pid>\d+)-[A-Za-z0-9_]+")
+
+
+def _host() -> str:
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:24]
+
+
+def _prefix(target: Path, kind: str) -> str:
+    return f".{target.name}.icsd-{kind}-{_host()}-{os.getpid()}-"
 
 
 def _alive(pid: int) -> bool:
@@ -146,7 +157,8 @@ def remove_stale(parent: str | Path) -> list[Path]:
     with contextlib.suppress(OSError):
         for entry in parent.iterdir():
             m = _TEMP.fullmatch(entry.name)
-            if m and int(m.group("pid")) != os.getpid() and not _alive(int(m.group("pid"))):
+            pid = int(m.group("pid")) if m else 0
+            if m and m.group("host") == _host() and pid != os.getpid() and not _alive(pid):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
@@ -159,7 +171,7 @@ def remove_stale(parent: str | Path) -> list[Path]:
 def _mkdtemp(target: Path, kind: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.icsd-{kind}-{os.getpid()}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared report once swapped in
@@ -250,7 +262,7 @@ def publish_directory(out: str | Path, files: Mapping[str, bytes], *, owned: Cal
             elif _exchange(new, target):
                 pass  # ``new`` now holds the old set
             else:
-                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.icsd-old-{os.getpid()}-", dir=target.parent))
+                old = Path(tempfile.mkdtemp(prefix=_prefix(target, "old"), dir=target.parent))
                 os.rename(target, old / "d")
                 os.rename(new, target)
                 new = old

@@ -7,7 +7,7 @@ groups in order and appends them, so the output keeps the input row order withou
 holding the run in memory.
 
 The scratch directory (memmaps of up to 40 bytes per row, and the output until it
-is complete) is a hidden sibling of the output named ``.{out}.icsd-coeffs-{pid}-*``
+is complete) is a hidden sibling of the output named ``.{out}.icsd-coeffs-{host}-{pid}-*``
 holding no ``*.parquet`` file, so a reader pointed at the output's directory never
 reads it; it is removed on success, on any error and on SIGTERM, and a later run
 removes those of processes killed outright (``kill -9``).

@@ -43,7 +43,7 @@ _INT_COLS = ("batch_id", "traj_id", "turn_id")
 _FLOAT_COLS = ("advantage", "ratio", "delta")
 _SCHEMA_NAME = "icsd.token_dump"
 _MAJOR = 1
-#: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-PID-*``, and ``.icsd-coeffs-*`` of older versions)
+#: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-HOST-PID-*``, and ``.icsd-coeffs-*`` of older versions)
 _SCRATCH = re.compile(r"\..*icsd-[a-z]+-.*")
 
 

@@ -24,15 +24,22 @@ REPORT_FILES = ("summary.json", "summary.md", "report.html")
 REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
 
 
+def _leftover(rel: str) -> bool:
+    """A temporary of an interrupted atomic write (``.NAME.XXXX.tmp``)."""
+    name = rel.rsplit("/", 1)[-1]
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def figures_own(rel: str) -> bool:
     """Whether ``rel`` (a path inside a figures directory) is a file ``write_figures`` writes."""
     stem, _, ext = rel.rpartition(".")
-    return stem in FIGURE_NAMES and ext in FIGURE_FORMATS
+    return (stem in FIGURE_NAMES and ext in FIGURE_FORMATS) or ("/" not in rel and _leftover(rel))
 
 
 def report_owns(rel: str) -> bool:
     """Whether ``rel`` (a path inside a report directory) is a file ``write_report`` writes."""
-    return rel in REPORT_FILES or (rel.startswith("figures/") and figures_own(rel[len("figures/"):]))
+    return (rel in REPORT_FILES or _leftover(rel)
+            or (rel.startswith("figures/") and figures_own(rel[len("figures/"):])))
 
 
 @dataclass(frozen=True)
