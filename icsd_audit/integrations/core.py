@@ -1,0 +1,283 @@
+"""Engine-free ICSD over padded ``[B, T]`` batches: the piece every engine adapter shares.
+
+Engines (verl, verl-agent/SDAR forks, TRL) hold an actor mini-batch as padded rows
+with a response mask.  This module turns such a batch into the flat token arrays
+:func:`icsd_audit.alloc.allocate` takes, in the canonical (trajectory, turn, position)
+order the dumps use, and scatters the coefficients back onto the padded grid.
+
+* **Turn ids** come either from per-row turn indices (verl-agent/SDAR: one row per
+  turn, ``turn_step``) or from the mask itself (TRL multi-turn: each run of 1s in a
+  row's environment/tool mask is one action turn, numbered from ``turn_offset``).
+* **Position** of a token is its index among its row's masked positions (the
+  ``pos`` :class:`~icsd_audit.dumps.writer.DumpWriter` derives), so the canonical
+  order here is exactly the order a dump is written in and read back.
+* **Duplicate rows.**  verl-agent's ``adjust_batch`` pads a batch to a divisible
+  size by copying random rows.  A copy would otherwise add its tokens a second time
+  to its calibration group's median and scales and to its turn's mass.  Choice:
+  rows with the same (trajectory, first turn id) key are one turn; the first
+  occurrence enters the allocation, every later copy is left out of it (and out of
+  the dump) and receives the original's coefficients position by position.  Copies
+  therefore still enter the *loss* (as they enter verl's policy loss), each with the
+  weight its original gets, exactly what a per-token gate (SDAR) would give them.
+  Two rows that share the key but differ in their response masks are not copies:
+  that is an input error.
+* The allocation runs in float64 on float32-rounded inputs (what a dump stores), so
+  ``icsd audit coeffs`` on the dump recomputes the deployed ``c`` exactly.
+
+Imports only torch and numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
+
+__all__ = [
+    "PaddedAllocation",
+    "turn_ids_from_mask",
+    "duplicate_rows",
+    "allocate_padded",
+    "distillation_token_loss",
+    "distillation_loss",
+    "dump_rows",
+    "rank_prefix",
+    "write_dump",
+]
+
+
+@dataclass(frozen=True)
+class PaddedAllocation:
+    """Allocation outputs on the padded grid (zeros where the mask is 0), float64."""
+
+    g: Tensor
+    u: Tensor
+    m: Tensor
+    c: Tensor
+    fallback: Tensor
+    turn_id: Tensor  # [B, T] int64, -1 off the mask
+    pos: Tensor  # [B, T] int64, index among the row's masked positions, -1 off the mask
+    duplicate_of: Tensor  # [B] int64: index of the row a copy repeats, -1 for originals
+    diagnostics: AllocationDiagnostics
+
+
+def turn_ids_from_mask(mask: Tensor, turn_offset: Tensor | None = None) -> Tensor:
+    """Turn index of every masked position: the runs of 1s in a row are turns 0, 1, 2, ...
+
+    ``turn_offset`` (``[B]``) is added per row (a row that continues a trajectory).
+    Positions off the mask get -1.
+    """
+    m = mask.bool()
+    start = m.clone()
+    start[:, 1:] &= ~m[:, :-1]
+    turn = torch.cumsum(start.long(), dim=1) - 1
+    if turn_offset is not None:
+        turn = turn + torch.as_tensor(turn_offset, device=turn.device).long().view(-1, 1)
+    return torch.where(m, turn, torch.full_like(turn, -1))
+
+
+def _row_turns(turn_id: Tensor, mask: Tensor) -> Tensor:
+    """A ``[B, T]`` int64 grid of turn ids from per-row ``[B]`` or per-token ``[B, T]`` input."""
+    t = torch.as_tensor(turn_id, device=mask.device).long()
+    if t.dim() == 1:
+        if t.shape[0] != mask.shape[0]:
+            raise ValueError(f"turn_id has {t.shape[0]} rows, the mask {mask.shape[0]}")
+        t = t.view(-1, 1).expand(mask.shape)
+    elif t.shape != mask.shape:
+        raise ValueError(f"turn_id of shape {tuple(t.shape)} fits neither the mask {tuple(mask.shape)} nor its rows")
+    return torch.where(mask, t, torch.full_like(t, -1))
+
+
+def duplicate_rows(traj_id: Tensor, first_turn: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` index of the earlier row each row copies (same trajectory and first turn), -1 if none.
+
+    Raises ``ValueError`` when two rows share the key but not the response mask.
+    """
+    traj = torch.as_tensor(traj_id).long().cpu()
+    first = torch.as_tensor(first_turn).long().cpu()
+    B = traj.numel()
+    if B == 0:
+        return torch.zeros(0, dtype=torch.long)
+    key = torch.stack([traj, first], 1)
+    uniq, inv = torch.unique(key, dim=0, return_inverse=True)
+    # first occurrence of every key: the smallest row index carrying it
+    first_row = torch.full((uniq.shape[0],), B, dtype=torch.long).scatter_reduce_(0, inv, torch.arange(B), "amin")
+    orig = first_row[inv]
+    dup = torch.where(orig == torch.arange(B), torch.full_like(orig, -1), orig)
+    rows = torch.nonzero(dup >= 0).flatten()
+    if rows.numel():
+        m = mask.bool().cpu()
+        differ = (m[rows] != m[dup[rows]]).any(dim=1)
+        if bool(differ.any()):
+            r = int(rows[differ][0])
+            raise ValueError(f"rows {int(dup[r])} and {r} share trajectory {int(traj[r])} and turn {int(first[r])} "
+                             "but not their response masks: they are not copies")
+    return dup
+
+
+def _first_turn(turns: Tensor, mask: Tensor) -> Tensor:
+    big = torch.iinfo(torch.long).max
+    return torch.where(mask, turns, torch.full_like(turns, big)).amin(dim=1)
+
+
+def allocate_padded(
+    *,
+    advantage: Tensor,
+    ratio: Tensor,
+    delta: Tensor,
+    response_mask: Tensor,
+    traj_id: Tensor,
+    turn_id: Tensor | None = None,
+    turn_offset: Tensor | None = None,
+    batch_id: int = 0,
+    dedupe: bool = True,
+    **allocator: Any,
+) -> PaddedAllocation:
+    """Allocate one actor mini-batch held as padded ``[B, T]`` tensors.
+
+    ``advantage`` may be ``[B]`` (per row) or ``[B, T]``; ``ratio`` and ``delta`` are
+    ``[B, T]`` (``ratio`` may be a scalar 1.0 on a step's first mini-batch).
+    ``traj_id`` is ``[B]``.  ``turn_id`` is ``[B]`` (one turn per row) or ``[B, T]``;
+    without it the runs of 1s of ``response_mask`` number the turns (plus
+    ``turn_offset``).  ``allocator`` passes through to :func:`allocate` (``allocator=``,
+    ``trust=``, ``eps=``, ``min_group=``, ...).
+    """
+    mask = torch.as_tensor(response_mask).bool()
+    B, T = mask.shape
+    dev = mask.device
+    turns = turn_ids_from_mask(mask, turn_offset) if turn_id is None else _row_turns(turn_id, mask)
+    traj = torch.as_tensor(traj_id, device=dev).long()
+    if traj.shape != (B,):
+        raise ValueError(f"traj_id must have shape ({B},), got {tuple(traj.shape)}")
+
+    def grid(x: Any, name: str) -> Tensor:
+        t = torch.as_tensor(x, device=dev)
+        if t.dim() == 0:
+            t = t.expand(B, T)
+        elif t.dim() == 1 and t.shape[0] == B:
+            t = t.view(-1, 1).expand(B, T)
+        if t.shape != (B, T):
+            raise ValueError(f"{name} of shape {tuple(t.shape)} fits neither the mask {(B, T)} nor its rows")
+        # float32 rounding first: the dump stores float32 and the audit recomputes from it
+        return t.detach().float().double()
+
+    a, r, d = grid(advantage, "advantage"), grid(ratio, "ratio"), grid(delta, "delta")
+    dup = duplicate_rows(traj, _first_turn(turns, mask), mask) if dedupe else torch.full((B,), -1, dtype=torch.long)
+    keep = mask & (dup.to(dev) < 0).view(-1, 1)
+    pos = torch.where(mask, torch.cumsum(mask.long(), dim=1) - 1, torch.full((B, T), -1, dtype=torch.long, device=dev))
+
+    rows, cols = torch.nonzero(keep, as_tuple=True)
+    tr, tu, ps = traj[rows], turns[rows, cols], pos[rows, cols]
+    order = torch.from_numpy(np.lexsort((ps.cpu().numpy(), tu.cpu().numpy(), tr.cpu().numpy()))).to(dev)
+    rows, cols = rows[order], cols[order]
+    out = allocate(advantage=a[rows, cols], ratio=r[rows, cols], delta=d[rows, cols], traj_id=traj[rows],
+                   turn_id=turns[rows, cols], batch_id=torch.full_like(rows, int(batch_id)), **allocator)
+
+    def back(x: Tensor) -> Tensor:
+        full = torch.zeros((B, T), dtype=x.dtype, device=dev)
+        full[rows, cols] = x
+        copies = torch.nonzero(dup >= 0).flatten().to(dev)
+        if copies.numel():
+            full[copies] = full[dup.to(dev)[copies]]
+        return full
+
+    return PaddedAllocation(g=back(out.g), u=back(out.u), m=back(out.m), c=back(out.c), fallback=back(out.fallback),
+                            turn_id=turns, pos=pos, duplicate_of=dup, diagnostics=out.diagnostics)
+
+
+# ------------------------------------------------------------------------------ loss
+
+
+def distillation_token_loss(student_logp: Tensor, teacher_logp: Tensor, c: Tensor) -> Tensor:
+    """``sg(c) * (sg(T) - logp)`` per token (Eq. sampled_aux weighted by the allocation)."""
+    return c.detach().to(student_logp.dtype) * (teacher_logp.detach().to(student_logp.dtype) - student_logp)
+
+
+def distillation_loss(student_logp: Tensor, teacher_logp: Tensor, c: Tensor, response_mask: Tensor, *,
+                      loss_agg_mode: str = "token-mean", batch_num_tokens: float | Tensor | None = None,
+                      global_batch_size: float | Tensor | None = None, dp_size: int = 1) -> Tensor:
+    """The aggregated auxiliary loss, without lambda.
+
+    ``token-mean`` with ``batch_num_tokens = |B|`` (the mini-batch's valid tokens over
+    all data-parallel ranks) and ``dp_size`` is the paper's ``1/|B| * sum c (T - logp)``
+    for any micro-batch split: each micro-batch contributes its partial sum, and
+    data-parallel gradient averaging undoes the ``dp_size`` factor.  Without
+    ``batch_num_tokens`` the local mask sum is used (one micro-batch = the mini-batch).
+    The other modes follow verl's ``agg_loss`` definitions.
+    """
+    mask = response_mask.to(student_logp.dtype)
+    lm = distillation_token_loss(student_logp, teacher_logp, c) * mask
+    if loss_agg_mode == "token-mean":
+        n = mask.sum() if batch_num_tokens is None else batch_num_tokens
+        return lm.sum() / n * dp_size
+    if loss_agg_mode == "token-sum":
+        return lm.sum() * dp_size
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        per_row = lm.sum(-1)
+        if loss_agg_mode == "seq-mean-token-mean":
+            per_row = per_row / (mask.sum(-1) + 1e-8)
+        has = (mask.sum(-1) > 0).to(lm.dtype)
+        n = has.sum() if global_batch_size is None else global_batch_size
+        return (per_row * has).sum() / n * dp_size
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: token-mean, token-sum, "
+                     "seq-mean-token-sum, seq-mean-token-mean")
+
+
+# ------------------------------------------------------------------------------ dumps
+
+
+def rank_prefix(rank: int, prefix: str = "part") -> str:
+    """Shard-name prefix of a data-parallel rank, so ranks never write the same file name."""
+    if int(rank) < 0:
+        raise ValueError(f"rank must be >= 0, got {rank}")
+    return f"rank{int(rank):05d}-{prefix}"
+
+
+def dump_rows(alloc: PaddedAllocation, *, batch_id: int, traj_id: Tensor, advantage: Tensor, ratio: Tensor,
+              delta: Tensor, response_mask: Tensor, extra: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """Flat per-token dump columns of one padded mini-batch (copies left out), ready for ``DumpWriter.write``.
+
+    Values are what entered the allocation (float32-rounded); ``g``, ``u``, ``m``, ``c``
+    and ``fallback`` are the deployed outputs; ``extra`` holds further ``[B]`` or
+    ``[B, T]`` columns (log-probs, env ids, ...).
+    """
+    mask = torch.as_tensor(response_mask).bool()
+    B, T = mask.shape
+    keep = mask & (alloc.duplicate_of.to(mask.device) < 0).view(-1, 1)
+    rows, cols = torch.nonzero(keep, as_tuple=True)
+
+    def pick(x: Any) -> np.ndarray:
+        t = torch.as_tensor(x, device=mask.device)
+        if t.dim() == 0:
+            t = t.expand(B, T)
+        elif t.dim() == 1:
+            t = t.view(-1, 1).expand(B, T)
+        t = t[rows, cols].detach().cpu()
+        if t.is_floating_point():
+            t = t.float()
+        return t.numpy()
+
+    out = {
+        "batch_id": np.full(rows.numel(), int(batch_id), dtype=np.int64),
+        "traj_id": pick(torch.as_tensor(traj_id).long()),
+        "turn_id": pick(alloc.turn_id).astype(np.int32),
+        "pos": pick(alloc.pos).astype(np.int32),
+        "advantage": pick(advantage), "ratio": pick(ratio), "delta": pick(delta),
+        "g": pick(alloc.g), "u": pick(alloc.u), "m": pick(alloc.m), "c": pick(alloc.c),
+        "fallback": pick(alloc.fallback).astype(bool),
+    }
+    for k, v in (extra or {}).items():
+        out[k] = pick(v)
+    return out
+
+
+def write_dump(writer: Any, alloc: PaddedAllocation, **kwargs: Any) -> Path:
+    """``dump_rows`` then one ``writer.write`` call (one shard per mini-batch)."""
+    cols = dump_rows(alloc, **kwargs)
+    return writer.write(**cols)
