@@ -1,0 +1,94 @@
+"""ICSDGRPOTrainer on the tiny random model, on CPU: a few real TRL steps, dumps, exact recomputation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd[trl]'")
+datasets = pytest.importorskip("datasets", reason="datasets (a TRL dependency) not installed")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from icsd_audit.integrations.core import distillation_loss  # noqa: E402
+from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt, tcm  # noqa: E402
+from icsd_audit.train.models import tiny_random_causal_lm  # noqa: E402
+
+pytestmark = pytest.mark.engines
+torch.set_num_threads(1)
+
+
+def _reward(completions, **_):
+    return [float(len(c) % 5) for c in completions]
+
+
+def _trainer(tmp_path, *, steps: int = 3, dump: bool = True) -> ICSDGRPOTrainer:
+    from icsd_audit.train.skills import load_skillbank
+
+    model, tok = tiny_random_causal_lm(seed=0)
+    prompts = ["search for a red mug", "buy blue shoes under 30 dollars", "find a wooden chair", "open the drawer"]
+    ds = datasets.Dataset.from_dict({"prompt": prompts * 4})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=12, max_steps=steps, learning_rate=1e-3, use_cpu=True, bf16=False,
+                      report_to=[], logging_steps=1, save_strategy="no", seed=0, temperature=1.0,
+                      dataloader_num_workers=0)
+    bank = load_skillbank("webshop")
+    icsd = ICSDConfig(distill_coef=0.5, min_group=4, dump_dir=str(tmp_path / "dumps") if dump else None)
+    return ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=ds,
+                           icsd=icsd, teacher_prompt=skill_teacher_prompt(bank))
+
+
+def test_trl_run_writes_dumps_that_audit_coeffs_recomputes_exactly(tmp_path):
+    import pyarrow.parquet as pq
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.dumps.coeffs import compute_coefficients
+
+    tr = _trainer(tmp_path, steps=3)
+    tr.train()
+    shards = sorted((tmp_path / "dumps").glob("*.parquet"))
+    assert [p.name for p in shards] == [f"rank00000-part-{i:06d}.parquet" for i in range(3)]
+    summary = compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=4))
+    assert summary.n_batches == 3
+    assert summary.max_turn_mass_error < 1e-12
+    out = pq.read_table(tmp_path / "c.parquet")
+    dumped = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
+    # the dump stores float32 of the deployed float64 c; the audit recomputes float64 from the float32 inputs
+    assert np.array_equal(out.column("c").to_numpy().astype(np.float32), dumped)
+    last = tr.icsd_last
+    mask = last.c.new_zeros(last.c.shape, dtype=torch.bool)
+    sel = out.column("batch_id").to_numpy() == 2
+    deployed = last.c[last.pos >= 0]  # row-major == the dump's (traj, turn, pos) order: traj = row index
+    assert np.array_equal(out.column("c").to_numpy()[sel], deployed.numpy())
+    del mask
+    logs = [h for h in tr.state.log_history if "icsd/aux_loss" in h]
+    assert logs and all(np.isfinite(h["icsd/aux_loss"]) for h in logs)
+    assert all("icsd/tcm_icsd" in h for h in logs)
+
+
+def test_loss_is_trl_loss_plus_weighted_distillation(tmp_path):
+    tr = _trainer(tmp_path, steps=1, dump=False)
+    tr.model.train()
+    tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps  # set by TRL's train loop
+    batch = [tr.train_dataset[i] for i in range(8)]
+    inputs = tr._generate_and_score_completions(batch)
+    torch.manual_seed(0)
+    got = tr._compute_loss(tr.model, inputs)
+    base = GRPOTrainer._compute_loss(tr, tr.model, inputs)
+    comp, cm = inputs["completion_ids"], inputs["completion_mask"]
+    ids = torch.cat([inputs["prompt_ids"], comp], 1)
+    am = torch.cat([inputs["prompt_mask"], cm], 1)
+    logits = tr.model(input_ids=ids, attention_mask=am).logits[:, -comp.size(1) - 1:-1] / tr.temperature
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
+    n = float(cm.sum())  # one process, steps_per_generation == gradient_accumulation_steps
+    by_hand = sum(float(inputs["icsd_c"][b, t]) * (float(inputs["icsd_teacher_logps"][b, t]) - float(logp[b, t].detach()))
+                  for b in range(cm.size(0)) for t in range(cm.size(1)) if cm[b, t]) / n
+    assert float(got - base) == pytest.approx(0.5 * by_hand, rel=1e-4, abs=1e-7)
+    assert float(distillation_loss(logp, inputs["icsd_teacher_logps"], inputs["icsd_c"], cm)) == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_tcm_by_hand():
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    u = torch.tensor([-1.0, 1.0, -2.0, 0.0])
+    d = torch.tensor([1.0, 1.0, -1.0, 1.0])
+    assert tcm(w, u, d, torch.ones(4, dtype=torch.bool)) == pytest.approx(1 / 3)
