@@ -20,7 +20,9 @@ order the dumps use, and scatters the coefficients back onto the padded grid.
   therefore still enter the *loss* (as they enter verl's policy loss), each with the
   weight its original gets, exactly what a per-token gate (SDAR) would give them.
   Two rows that share the key but differ in their response masks are not copies:
-  that is an input error.
+  that is an input error.  Copies are found within the batch given (one actor
+  mini-batch): a copy whose original went to another mini-batch is its turn's only
+  instance in its own, and counts once there.
 * The allocation runs in float64 on float32-rounded inputs (what a dump stores), so
   ``icsd audit coeffs`` on the dump recomputes the deployed ``c`` exactly.
 
