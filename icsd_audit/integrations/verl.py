@@ -51,6 +51,15 @@ EXPECTED_SIGNATURES: dict[str, tuple[str, ...]] = {
                                              "global_batch_size", "loss_scale_factor"),
     "verl.workers.engine_workers:ActorRolloutRefWorker.set_loss_fn": ("self", "loss_fn"),
     "verl.workers.engine_workers:TrainingWorker.set_loss_fn": ("self", "loss_fn"),
+    "verl.workers.engine_workers:ActorRolloutRefWorker.compute_log_prob": ("self", "data"),
+    "verl.trainer.ppo.v1.trainer_base:register_trainer": ("name",),
+    "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.on_init_end": ("self",),
+    "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync._compute_advantage": ("self", "batch", "metrics"),
+    "verl.workers.utils.padding:response_from_nested": ("tensor", "response_mask"),
+    "verl.workers.utils.padding:response_to_nested": ("tensor", "response_mask"),
+    "transfer_queue:kv_batch_get": ("keys", "partition_id", "select_fields"),
+    "transfer_queue:kv_batch_put": ("keys", "partition_id", "fields", "tags"),
+    "transfer_queue:kv_clear": ("keys", "partition_id"),
 }
 
 
@@ -124,10 +133,17 @@ def icsd_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
 
 
 def _plugin_check() -> None:
-    """Run at import (verl loads this module through ``verl.plugins``): fail loudly, not at debug level."""
+    """Run at import (verl loads this module through ``verl.plugins``): check verl, register ``icsd_sync``.
+
+    Fails loudly (an ERROR log line and a RuntimeWarning, then the exception), not at
+    verl's debug level.
+    """
     try:
         check_verl()
-    except VerlCompatError as e:
+        from icsd_audit.integrations.verl_trainer import register
+
+        register()
+    except (VerlCompatError, ImportError) as e:
         log.error("icsd verl plug-in cannot register: %s", e)
         warnings.warn(f"icsd verl plug-in cannot register: {e}", RuntimeWarning, stacklevel=2)
         raise

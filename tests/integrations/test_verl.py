@@ -148,7 +148,7 @@ def test_micro_batches_accumulate_to_the_mini_batch(actor_config, jagged):
                                    make(part, n), distill_coef=LAM)
         (g,) = torch.autograd.grad(loss, v)
         grads[off:off + k] = g
-        total += float(loss)
+        total += float(loss.detach())
         off += k
     assert total == pytest.approx(float(full), rel=1e-12, abs=1e-12)
     assert torch.allclose(grads, g_full, rtol=1e-12, atol=1e-14)
@@ -188,9 +188,10 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 
 
 def test_plugin_registers_in_a_fresh_process():
-    r = _fresh("import sys, verl; print('icsd_audit.integrations.verl' in sys.modules)")
+    r = _fresh("import sys, verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
+               "print('icsd_audit.integrations.verl' in sys.modules, get_trainer_cls('icsd_sync').__name__)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().endswith("True"), r.stdout + r.stderr
+    assert r.stdout.strip().endswith("True ICSDTrainerSync"), r.stdout + r.stderr
 
 
 def test_plugin_that_cannot_register_says_so_loudly():

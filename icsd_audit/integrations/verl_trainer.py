@@ -1,0 +1,272 @@
+"""``icsd_sync``: verl's v1 synchronous PPO trainer with a privileged self-teacher and ICSD.
+
+Registered with ``verl.trainer.ppo.v1.register_trainer`` by the plug-in; select it with
+``trainer.v1.trainer_mode=icsd_sync`` and configure it under ``+icsd.*`` (see
+:class:`ICSDVerlConfig`; docs/engines.md has the launch command).  Per step, after
+verl's own advantage computation, the driver
+
+1. **teacher pass** (SDAR's way): each row's prompt ids get the SkillBank block's ids in
+   front (``skill_block(z)``, ``z`` retrieved by keyword match on the decoded prompt), the
+   response ids stay the same, and ``actor_rollout_wg.compute_log_prob`` scores the new
+   rows with the current (= rollout) weights; the response log-probs go into the batch
+   under ``icsd_teacher_log_probs`` (not ``teacher_logprobs``, which verl rewrites);
+2. **allocation per actor mini-batch**: verl splits the step's rows contiguously over the
+   data-parallel ranks, and each rank cuts its share into ``ppo_mini_batch_size * n /
+   dp`` consecutive rows (``actor.shuffle=false``); global mini-batch ``k`` is the union
+   of the ranks' ``k``-th local chunks (:func:`v1_mini_batch_ids`).  Each global
+   mini-batch is allocated once (:func:`~icsd_audit.integrations.core.allocate_padded`),
+   whatever the data-parallel size and micro-batch split, and ``c`` goes into the batch
+   under ``icsd_c``;
+3. writes one schema-v1 shard per mini-batch from the driver and logs TCM (ICSD and
+   SDAR weights) per step;
+4. the workers' loss is :func:`~icsd_audit.integrations.verl.icsd_ppo_loss` (set once with
+   ``set_loss_fn``), whose ``token-mean`` aggregation over verl's global token count makes
+   micro-batches and ranks add up to the paper's ``lambda/|B|`` mini-batch term exactly.
+
+Exact vs approximated: the allocation uses ratio 1 (old policy = current policy), the
+paper's value on a step's first mini-batch; later mini-batches (``ppo_epochs > 1`` or
+several mini-batches per step) would need the current ratio before their update, which
+costs an extra forward verl does not do.  A trajectory is one ``{uid}_{session}`` of
+verl's keys; its rows are ordered by the key's output index and each run of 1s of a
+row's ``response_mask`` is one action turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from icsd_audit.integrations.core import allocate_padded, rank_prefix, turn_ids_from_mask, write_dump
+from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
+
+__all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
+           "allocate_mini_batches", "tcm", "register"]
+
+
+@dataclass(frozen=True)
+class ICSDVerlConfig:
+    """The ``icsd`` section of a verl config (``+icsd.<field>=...`` on the command line)."""
+
+    #: lambda, the distillation weight (paper: 0.01).
+    distill_coef: float = 0.01
+    #: allocator name: ``icsd`` (default), ``sdar``, ``opsd`` or an ablation variant.
+    allocator: str = "icsd"
+    #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
+    trust: str = "laplace"
+    #: minimum calibration-group size.
+    min_group: int = 8
+    #: scale floor.
+    eps: float = 1e-4
+    #: seed of the ``permuted`` control.
+    seed: int = 0
+    #: SkillBank name (``webshop``, ``alfworld``, ``searchqa``) or JSON path.
+    skillbank: str = "webshop"
+    #: retrieval mode: ``match`` (keyword match), ``all`` or ``general``.
+    skill_mode: str = "match"
+    #: folder for schema-v1 dumps written by the driver; empty: none.
+    dump_dir: str = ""
+
+    @staticmethod
+    def from_config(node: Any) -> "ICSDVerlConfig":
+        if node is None:
+            return ICSDVerlConfig()
+        known = ICSDVerlConfig.__dataclass_fields__
+        items = dict(node.items()) if hasattr(node, "items") else dict(node)
+        bad = sorted(set(items) - set(known))
+        if bad:
+            raise ValueError(f"unknown icsd option(s) {bad}; valid: {sorted(known)}")
+        return ICSDVerlConfig(**items)
+
+    def allocator_kwargs(self) -> dict[str, Any]:
+        return dict(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps, seed=self.seed)
+
+
+def v1_mini_batch_ids(n_rows: int, *, mini_batch_size: int, dp_size: int) -> np.ndarray:
+    """Global actor mini-batch index of every row of a v1 step (``actor.shuffle=false``).
+
+    verl chunks the rows contiguously over ``dp_size`` ranks; each rank takes
+    ``mini_batch_size // dp_size`` consecutive rows of its chunk per mini-batch.
+    """
+    if n_rows % dp_size or mini_batch_size % dp_size:
+        raise ValueError(f"{n_rows} rows and mini-batch size {mini_batch_size} must both divide by dp size {dp_size}")
+    per_rank, m = n_rows // dp_size, mini_batch_size // dp_size
+    if per_rank % m:
+        raise ValueError(f"{per_rank} rows per rank do not split into mini-batches of {m}")
+    return (np.arange(n_rows) % per_rank) // m
+
+
+def trajectory_turns(keys: Sequence[str], response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(traj_id [B], turn_id [B, T])`` from verl v1 keys ``{uid}_{session}_{index}`` and the response mask.
+
+    Rows of one ``{uid}_{session}`` are one trajectory, ordered by ``index``; each run of
+    1s in a row's mask is one turn, numbered on from the turns of the earlier rows.
+    """
+    sessions, index = [], []
+    for k in keys:
+        parts = str(k).rsplit("_", 2)
+        if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
+            raise ValueError(f"unexpected verl key {k!r}: expected '{{uid}}_{{session}}_{{index}}'")
+        sessions.append(f"{parts[0]}_{parts[1]}")
+        index.append(int(parts[2]))
+    mask = response_mask.bool()
+    local = turn_ids_from_mask(mask)
+    runs = (local.amax(dim=1) + 1).clamp(min=0)  # turns per row
+    traj = torch.as_tensor([int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
+                            & ((1 << 63) - 1) for s in sessions], dtype=torch.long)
+    order = np.lexsort((np.asarray(index), traj.numpy()))
+    offset = torch.zeros(len(keys), dtype=torch.long)
+    t_sorted, r_sorted = traj[order], runs[order]
+    csum = torch.cumsum(r_sorted, 0) - r_sorted
+    first = torch.ones(len(keys), dtype=torch.bool)
+    first[1:] = t_sorted[1:] != t_sorted[:-1]
+    start = torch.cummax(torch.where(first, torch.arange(len(keys)), torch.zeros(len(keys), dtype=torch.long)), 0).values
+    offset[torch.as_tensor(order)] = csum - csum[start]
+    return traj, torch.where(mask, local + offset.view(-1, 1), local)
+
+
+def privileged_prompts(prompts: Sequence[Tensor], tokenizer: Any, bank: Any, *, mode: str = "match") -> list[Tensor]:
+    """SDAR's privileged prompt ids: the skill block's ids + the student's exact prompt ids."""
+    from icsd_audit.train.prompts import skill_block
+
+    cache: dict[str, list[int]] = {}
+    out = []
+    for p in prompts:
+        text = tokenizer.decode(p.tolist(), skip_special_tokens=True)
+        z = bank.retrieve(text, mode=mode).text
+        if z not in cache:
+            cache[z] = list(tokenizer(skill_block(z), add_special_tokens=False).input_ids)
+        out.append(torch.cat([torch.as_tensor(cache[z], dtype=p.dtype), p]))
+    return out
+
+
+def logprob_rows(prompts: Sequence[Tensor], responses: Sequence[Tensor], response_masks: Sequence[Tensor]) -> Any:
+    """Nested rows in the layout verl's v1 agent loop stores (text-only models)."""
+    from tensordict import TensorDict
+
+    def nt(xs: Sequence[Tensor]) -> Tensor:
+        return torch.nested.as_nested_tensor(list(xs), layout=torch.jagged)
+
+    ids = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
+    return TensorDict({"prompts": nt(prompts), "responses": nt(responses), "response_mask": nt(response_masks),
+                       "loss_mask": nt(response_masks), "input_ids": nt(ids),
+                       "position_ids": nt([torch.arange(x.numel()) for x in ids])}, batch_size=[len(ids)])
+
+
+def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> float:
+    """SPEC 6 TCM of weights ``w`` over the masked tokens (NaN when no token qualifies)."""
+    sel = mask.bool() & (delta > 0) & (u.abs() > eps)
+    den = float(w[sel].sum())
+    return float(w[sel & (u < 0)].sum()) / den if den > 0 else float("nan")
+
+
+def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_log_probs: Tensor,
+                          response_mask: Tensor, traj_id: Tensor, turn_id: Tensor, mini_batch: np.ndarray,
+                          step: int, cfg: ICSDVerlConfig, writer: Any = None) -> tuple[Tensor, dict[str, float]]:
+    """``c`` (float32 ``[B, T]``) allocated per global mini-batch, plus TCM metrics; dumps when ``writer``."""
+    mask = response_mask.bool()
+    delta = (teacher_log_probs - old_log_probs).float()
+    c = torch.zeros(mask.shape, dtype=torch.float32)
+    ws: dict[str, list[float]] = {"c": [], "g": [], "cu": [], "gu": []}
+    for k in np.unique(mini_batch):
+        rows = torch.as_tensor(np.flatnonzero(mini_batch == k))
+        bid = int(step) * 1000 + int(k)
+        a = allocate_padded(advantage=advantage[rows], ratio=1.0, delta=delta[rows], response_mask=mask[rows],
+                            traj_id=traj_id[rows], turn_id=turn_id[rows], batch_id=bid, **cfg.allocator_kwargs())
+        c[rows] = a.c.float()
+        sel = mask[rows] & (delta[rows] > 0) & (a.u.abs() > cfg.eps)
+        ws["c"].append(float(a.c[sel].sum()))
+        ws["cu"].append(float(a.c[sel & (a.u < 0)].sum()))
+        ws["g"].append(float(a.g[sel].sum()))
+        ws["gu"].append(float(a.g[sel & (a.u < 0)].sum()))
+        if writer is not None:
+            write_dump(writer, a, batch_id=bid, traj_id=traj_id[rows], advantage=advantage[rows], ratio=1.0,
+                       delta=delta[rows], response_mask=mask[rows],
+                       extra={"logp": old_log_probs[rows], "teacher_logp": teacher_log_probs[rows],
+                              "step": torch.full((rows.numel(),), int(step))})
+    div = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731
+    metrics = {"icsd/tcm_icsd": div(sum(ws["cu"]), sum(ws["c"])), "icsd/tcm_sdar": div(sum(ws["gu"]), sum(ws["g"])),
+               "icsd/mini_batches": float(len(ws["c"]))}
+    return c, metrics
+
+
+def register() -> type:
+    """Define and register the ``icsd_sync`` trainer (imports verl's v1 trainer)."""
+    from functools import partial
+
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+    from icsd_audit.integrations.verl import icsd_ppo_loss
+
+    if "icsd_sync" in TRAINER_REGISTRY:
+        return TRAINER_REGISTRY["icsd_sync"]
+
+    @register_trainer("icsd_sync")
+    class ICSDTrainerSync(PPOTrainerSync):
+        """verl's sync trainer + privileged self-teacher + ICSD allocation + auxiliary loss + dumps."""
+
+        def on_init_end(self) -> None:
+            super().on_init_end()
+            self.icsd = ICSDVerlConfig.from_config(self.config.get("icsd"))
+            actor = self.config.actor_rollout_ref.actor
+            if actor.get("shuffle", False):
+                raise ValueError("icsd_sync allocates per actor mini-batch and needs actor_rollout_ref.actor.shuffle=false")
+            self.actor_rollout_wg.set_loss_fn(partial(icsd_ppo_loss, config=omega_conf_to_dataclass(actor),
+                                                      distill_coef=self.icsd.distill_coef))
+            from icsd_audit.train.skills import load_skillbank
+
+            self._icsd_bank = load_skillbank(self.icsd.skillbank)
+            self._icsd_writer = None
+            if self.icsd.dump_dir:
+                from dataclasses import asdict
+
+                from icsd_audit.dumps.writer import DumpWriter
+
+                self._icsd_writer = DumpWriter(self.icsd.dump_dir, producer={"name": "icsd.verl", "engine": "verl"},
+                                               allocator=asdict(self.icsd), prefix=rank_prefix(0))
+
+        def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+            batch = super()._compute_advantage(batch, metrics)
+            fields = ["prompts", "responses", "response_mask", "advantages", "old_log_probs"]
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            rmask_nested = data["response_mask"]
+            prompts, responses = list(data["prompts"].unbind()), list(data["responses"].unbind())
+            # 1. teacher pass on privileged rows under their own keys
+            t_keys = [f"{k}__icsd_teacher" for k in batch.keys]
+            rows = logprob_rows(privileged_prompts(prompts, self.tokenizer, self._icsd_bank, mode=self.icsd.skill_mode),
+                                responses, list(rmask_nested.unbind()))
+            t_meta = tq.kv_batch_put(keys=t_keys, partition_id=batch.partition_id, fields=rows)
+            t_meta.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                                      "temperature": self.config.actor_rollout_ref.rollout.temperature})
+            self.actor_rollout_wg.compute_log_prob(t_meta)
+            t_out = tq.kv_batch_get(keys=t_keys, partition_id=batch.partition_id, select_fields=["log_probs"])
+            teacher_nested = response_from_nested(t_out["log_probs"], rmask_nested)
+            tq.kv_clear(keys=t_keys, partition_id=batch.partition_id)
+            # 2. allocation per global actor mini-batch
+            padded = TensorDict({"advantages": data["advantages"], "old_log_probs": data["old_log_probs"],
+                                 "response_mask": rmask_nested, "teacher": teacher_nested},
+                                batch_size=[len(batch.keys)]).to_padded_tensor()
+            traj, turn = trajectory_turns(batch.keys, padded["response_mask"])
+            actor = self.config.actor_rollout_ref.actor
+            sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)  # ranks sharing one data shard
+            mb = v1_mini_batch_ids(len(batch.keys), mini_batch_size=actor.ppo_mini_batch_size *
+                                   self.config.actor_rollout_ref.rollout.n, dp_size=self.actor_rollout_wg.world_size // sp)
+            c, m = allocate_mini_batches(advantage=padded["advantages"], old_log_probs=padded["old_log_probs"],
+                                         teacher_log_probs=padded["teacher"], response_mask=padded["response_mask"],
+                                         traj_id=traj, turn_id=turn, mini_batch=mb, step=self.global_steps,
+                                         cfg=self.icsd, writer=self._icsd_writer)
+            metrics.update(m)
+            out = TensorDict({C_KEY: response_to_nested(c, rmask_nested), TEACHER_KEY: teacher_nested},
+                             batch_size=[len(batch.keys)])
+            return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
+
+    return ICSDTrainerSync
