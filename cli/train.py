@@ -97,6 +97,9 @@ def train_cmd(
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set lr=1e-5 (repeatable)."),
     list_fields: bool = typer.Option(False, "--list-fields", help="List every config field with its doc and exit."),
     plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar."),
+    engine: str = typer.Option(
+        "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer, first-turn episodes; icsd[trl]) "
+        "or verl (writes verl_command.sh and launches it; needs GPUs, icsd[verl]). See docs/engines.md."),
 ) -> None:
     """Train a policy with GRPO/GiGPO, a privileged self-teacher and an allocated distillation term.
 
@@ -105,10 +108,16 @@ def train_cmd(
     Example: icsd train --env webshop --preset cpu-demo --allocator icsd --out runs/demo
 
     Search-QA over your own Search-R1 files: icsd train --env searchqa --preset paper --set searchqa_corpus=corpus.jsonl --set searchqa_data=train.parquet,test.parquet
+
+    Example: icsd train --engine verl --preset paper --model /models/Qwen2.5-1.5B-Instruct --out runs/verl
     """
     if list_fields:
         _print_fields()
         return
+    from icsd_audit.integrations.engines import ENGINES
+
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     from icsd_audit.train.loop import train
     from icsd_audit.train.metrics import PrintReporter
 
@@ -117,7 +126,16 @@ def train_cmd(
                                      distill_coef=distill_coef, seed=seed, device=device, eval_every=eval_every,
                                      dump_every=dump_every, sketch_k=sketch_k, sketch_layers=sketch_layers), set_)
     cfg.validate()
-    _check_env_data(cfg)
+    if engine != "verl":  # verl brings its own environment (docs/engines.md)
+        _check_env_data(cfg)
+    if engine != "builtin":
+        from icsd_audit.integrations import engines as eng
+
+        if engine == "verl":
+            stderr_console().print(f"verl command: [bold]{eng.run_verl(cfg)}[/]", highlight=False)
+        else:
+            eng.run_trl(cfg)
+        return
     reporter = PrintReporter() if plain else _RichReporter()
     res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter)
     con = stderr_console()
