@@ -51,6 +51,7 @@ __all__ = [
     "dump_rows",
     "rank_prefix",
     "write_dump",
+    "mini_batch_ids",
 ]
 
 
@@ -191,6 +192,22 @@ def allocate_padded(
 
     return PaddedAllocation(g=back(out.g), u=back(out.u), m=back(out.m), c=back(out.c), fallback=back(out.fallback),
                             turn_id=turns, pos=pos, duplicate_of=dup, diagnostics=out.diagnostics)
+
+
+def mini_batch_ids(n_rows: int, *, mini_batch_rows: int, dp_size: int = 1) -> np.ndarray:
+    """Global actor mini-batch index of every row, as verl partitions a step (no shuffling).
+
+    verl (legacy ``dp_actor`` and v1 workers alike) hands each of ``dp_size`` ranks a
+    contiguous chunk of the rows, and each rank cuts its chunk into consecutive
+    mini-batches of ``mini_batch_rows // dp_size`` rows; global mini-batch ``k`` is the
+    union of the ranks' ``k``-th pieces, and one optimizer step runs over it.
+    """
+    if n_rows % dp_size or mini_batch_rows % dp_size:
+        raise ValueError(f"{n_rows} rows and mini-batches of {mini_batch_rows} rows must both divide by dp size {dp_size}")
+    per_rank, m = n_rows // dp_size, mini_batch_rows // dp_size
+    if per_rank % m:
+        raise ValueError(f"{per_rank} rows per rank do not split into mini-batches of {m}")
+    return (np.arange(n_rows) % per_rank) // m
 
 
 # ------------------------------------------------------------------------------ loss

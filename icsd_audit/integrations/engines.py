@@ -33,7 +33,9 @@ class EngineUnavailable(ValueError):
 def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str = "data/webshop") -> list[str]:
     """Hydra overrides of verl's ``ppo_trainer`` config for an ICSD run with ``cfg``'s settings."""
     model = cfg.model if cfg.model not in ("embedded", "tiny-random") else "Qwen/Qwen2.5-1.5B-Instruct"
-    mini = max(1, cfg.mini_batch_rows // max(1, cfg.group_size))
+    # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
+    # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
+    mini = max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
     return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",

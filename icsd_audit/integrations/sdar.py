@@ -8,9 +8,10 @@ the exact lines):
   loss_agg_mode)``, with the allocated ``c`` in place of the sigmoid gate;
 * :func:`allocate_dataproto` -- on the driver, after advantages and the teacher pass:
   reads ``traj_uid`` and ``turn_step`` (SDAR's turn index) from ``non_tensor_batch``,
-  allocates per actor mini-batch (the contiguous ``mini_batch_rows`` chunks
-  ``dp_actor.update_policy`` splits into when ``shuffle`` is off) and stores ``c`` under
-  :data:`C_KEY`; rows copied by ``adjust_batch`` count once (see
+  allocates per global actor mini-batch (verl chunks the rows contiguously over the
+  ``dp_size`` ranks and each rank's ``dp_actor.update_policy`` splits its chunk into
+  ``mini_batch_rows // dp_size`` consecutive rows; :func:`~.core.mini_batch_ids`) and
+  stores ``c`` under :data:`C_KEY`; rows copied by ``adjust_batch`` count once (see
   :mod:`~icsd_audit.integrations.core`);
 * a dump hook: pass ``writer=dump_writer(out_dir, rank=...)`` to ``allocate_dataproto``
   and each mini-batch becomes one schema-v1 shard.
@@ -31,7 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import PaddedAllocation, allocate_padded, distillation_loss, rank_prefix, write_dump
+from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
+                                          rank_prefix, write_dump)
 
 __all__ = ["C_KEY", "TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
 
@@ -74,14 +76,17 @@ def dump_writer(out_dir: str | Path, *, rank: int = 0, **kwargs: Any) -> Any:
     return DumpWriter(out_dir, prefix=rank_prefix(rank), **kwargs)
 
 
-def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, teacher_key: str = TEACHER_KEY,
+def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, teacher_key: str = TEACHER_KEY,
                        student_key: str = "old_log_probs", step: int = 0, writer: Any = None,
                        **allocator: Any) -> list[PaddedAllocation]:
     """Allocate a verl-agent ``DataProto`` in place (``batch.batch[C_KEY]``), one allocation per mini-batch.
 
     Reads ``advantages``, ``response_mask``, ``student_key`` and ``teacher_key`` from
     ``batch.batch`` and ``traj_uid`` / ``turn_step`` from ``batch.non_tensor_batch``.
-    ``batch_id`` of mini-batch ``k`` of ``step`` is ``step * 1000 + k`` (as our trainer).
+    ``mini_batch_rows`` is the global mini-batch in rows (verl-agent: ``ppo_mini_batch_size
+    * rollout.n``; ``None``: the whole batch is one mini-batch), ``dp_size`` the number of
+    data-parallel ranks the actor update runs on.  ``batch_id`` of mini-batch ``k`` of
+    ``step`` is ``step * 1000 + k`` (as our trainer).
     """
     td, nt = batch.batch, batch.non_tensor_batch
     for k in ("traj_uid", "turn_step"):
@@ -93,18 +98,23 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, teache
             raise KeyError(f"allocate_dataproto: batch has no {k!r}")
     mask = td["response_mask"].bool()
     B = mask.shape[0]
-    traj = torch.as_tensor([stable_traj_id(u) for u in np.asarray(nt["traj_uid"]).tolist()], dtype=torch.long)
-    turn = torch.as_tensor(np.asarray(nt["turn_step"]).astype(np.int64))
+    traj = torch.as_tensor([stable_traj_id(u) for u in np.asarray(nt["traj_uid"]).tolist()], dtype=torch.long,
+                           device=mask.device)
+    turn = torch.as_tensor(np.asarray(nt["turn_step"]).astype(np.int64), device=mask.device)
     adv = td["advantages"]
     delta = (td[teacher_key] - td[student_key]).float()
     size = B if mini_batch_rows is None else int(mini_batch_rows)
     if size < 1:
         raise ValueError(f"mini_batch_rows must be >= 1, got {mini_batch_rows}")
+    if mini_batch_rows is None or dp_size == 1:  # consecutive chunks (the last may be short)
+        mb = np.arange(B) // size
+    else:
+        mb = mini_batch_ids(B, mini_batch_rows=size, dp_size=dp_size)
     c = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out = []
-    for k, lo in enumerate(range(0, B, size)):
-        sl = slice(lo, min(lo + size, B))
-        bid = int(step) * 1000 + k
+    for k in np.unique(mb):
+        sl = torch.as_tensor(np.flatnonzero(mb == k), device=mask.device)
+        bid = int(step) * 1000 + int(k)
         a = allocate_padded(advantage=adv[sl], ratio=1.0, delta=delta[sl], response_mask=mask[sl], traj_id=traj[sl],
                             turn_id=turn[sl], batch_id=bid, **allocator)
         c[sl] = a.c.to(c.device, torch.float32)
@@ -112,6 +122,6 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, teache
         if writer is not None:
             write_dump(writer, a, batch_id=bid, traj_id=traj[sl], advantage=adv[sl], ratio=1.0, delta=delta[sl],
                        response_mask=mask[sl], extra={"logp": td[student_key][sl], "teacher_logp": td[teacher_key][sl],
-                                                      "step": torch.full((sl.stop - lo,), int(step))})
+                                                      "step": torch.full((sl.numel(),), int(step))})
     td[C_KEY] = c
     return out

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import allocate_padded, rank_prefix, turn_ids_from_mask, write_dump
+from icsd_audit.integrations.core import allocate_padded, mini_batch_ids, rank_prefix, turn_ids_from_mask, write_dump
 from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -87,17 +87,8 @@ class ICSDVerlConfig:
 
 
 def v1_mini_batch_ids(n_rows: int, *, mini_batch_size: int, dp_size: int) -> np.ndarray:
-    """Global actor mini-batch index of every row of a v1 step (``actor.shuffle=false``).
-
-    verl chunks the rows contiguously over ``dp_size`` ranks; each rank takes
-    ``mini_batch_size // dp_size`` consecutive rows of its chunk per mini-batch.
-    """
-    if n_rows % dp_size or mini_batch_size % dp_size:
-        raise ValueError(f"{n_rows} rows and mini-batch size {mini_batch_size} must both divide by dp size {dp_size}")
-    per_rank, m = n_rows // dp_size, mini_batch_size // dp_size
-    if per_rank % m:
-        raise ValueError(f"{per_rank} rows per rank do not split into mini-batches of {m}")
-    return (np.arange(n_rows) % per_rank) // m
+    """Global actor mini-batch index of every row of a v1 step (``actor.shuffle=false``); see :func:`mini_batch_ids`."""
+    return mini_batch_ids(n_rows, mini_batch_rows=mini_batch_size, dp_size=dp_size)
 
 
 def trajectory_turns(keys: Sequence[str], response_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -37,7 +37,9 @@ def test_verl_command_carries_the_run_settings(tmp_path):
     ovr = verl_overrides(cfg, n_gpus=4)
     assert "trainer.v1.trainer_mode=icsd_sync" in ovr and "actor_rollout_ref.actor.shuffle=false" in ovr
     assert "+icsd.allocator=sdar" in ovr and "+icsd.distill_coef=0.02" in ovr
-    assert "actor_rollout_ref.actor.ppo_mini_batch_size=64" in ovr  # 512 rows / 8 rollouts per prompt
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=16" in ovr  # 512 rows / 8 rollouts, capped at 16 prompts
+    cfg2 = TrainConfig(out_dir=str(tmp_path / "r2"), group_size=8, n_tasks=128, mini_batch_rows=512)
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=64" in verl_overrides(cfg2)
     assert "trainer.n_gpus_per_node=4" in ovr and "actor_rollout_ref.model.path=/models/qwen" in ovr
     path = write_verl_command(cfg, n_gpus=4)
     text = path.read_text()

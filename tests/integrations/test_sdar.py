@@ -149,3 +149,24 @@ def test_real_dataproto():
     allocate_dataproto(dp, min_group=3)
     assert torch.equal(real.batch[C_KEY], dp.batch[C_KEY])
     assert torch.equal(real.batch[C_KEY][n], real.batch[C_KEY][1])
+
+
+def test_allocate_dataproto_maps_data_parallel_mini_batches():
+    """2 ranks, global mini-batch of 4 rows: rank 0 holds rows 0-3, rank 1 rows 4-7, each trains 2 rows per
+    mini-batch, so the two optimizer steps see rows {0,1,4,5} and {2,3,6,7}."""
+    from icsd_audit.integrations.core import allocate_padded
+
+    dp, n = _dataproto(3, n_traj=12)
+    assert n >= 8
+    dp = SimpleNamespace(batch={k: v[:8] for k, v in dp.batch.items()},
+                         non_tensor_batch={k: v[:8] for k, v in dp.non_tensor_batch.items()})
+    allocate_dataproto(dp, mini_batch_rows=4, dp_size=2, min_group=2)
+    td, nt = dp.batch, dp.non_tensor_batch
+    for rows in ([0, 1, 4, 5], [2, 3, 6, 7]):
+        r = torch.as_tensor(rows)
+        ref = allocate_padded(advantage=td["advantages"][r], ratio=1.0,
+                              delta=(td["teacher_log_probs"] - td["old_log_probs"])[r].float(),
+                              response_mask=td["response_mask"][r].bool(),
+                              traj_id=torch.as_tensor([stable_traj_id(nt["traj_uid"][i]) for i in rows]),
+                              turn_id=torch.as_tensor(nt["turn_step"][rows].astype(np.int64)), min_group=2)
+        assert torch.equal(td[C_KEY][r], ref.c.float())
