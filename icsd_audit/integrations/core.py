@@ -129,6 +129,15 @@ def _first_turn(turns: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, turns, torch.full_like(turns, big)).amin(dim=1)
 
 
+def _is_canonical(traj: Tensor, turn: Tensor, pos: Tensor) -> bool:
+    """True if the tokens are already in non-decreasing (trajectory, turn, position) order."""
+    if traj.numel() < 2:
+        return True
+    dt, du, dp = traj[1:] - traj[:-1], turn[1:] - turn[:-1], pos[1:] - pos[:-1]
+    ok = (dt > 0) | ((dt == 0) & ((du > 0) | ((du == 0) & (dp >= 0))))
+    return bool(ok.all())
+
+
 def allocate_padded(
     *,
     advantage: Tensor,
@@ -159,35 +168,42 @@ def allocate_padded(
     if traj.shape != (B,):
         raise ValueError(f"traj_id must have shape ({B},), got {tuple(traj.shape)}")
 
-    def grid(x: Any, name: str) -> Tensor:
-        t = torch.as_tensor(x, device=dev)
-        if t.dim() == 0:
-            t = t.expand(B, T)
-        elif t.dim() == 1 and t.shape[0] == B:
-            t = t.view(-1, 1).expand(B, T)
-        if t.shape != (B, T):
-            raise ValueError(f"{name} of shape {tuple(t.shape)} fits neither the mask {(B, T)} nor its rows")
-        # float32 rounding first: the dump stores float32 and the audit recomputes from it
-        return t.detach().float().double()
-
-    a, r, d = grid(advantage, "advantage"), grid(ratio, "ratio"), grid(delta, "delta")
     dup = duplicate_rows(traj, _first_turn(turns, mask), mask) if dedupe else torch.full((B,), -1, dtype=torch.long)
     keep = mask & (dup.to(dev) < 0).view(-1, 1)
     pos = torch.where(mask, torch.cumsum(mask.long(), dim=1) - 1, torch.full((B, T), -1, dtype=torch.long, device=dev))
 
-    rows, cols = torch.nonzero(keep, as_tuple=True)
-    tr, tu, ps = traj[rows], turns[rows, cols], pos[rows, cols]
-    order = torch.from_numpy(np.lexsort((ps.cpu().numpy(), tu.cpu().numpy(), tr.cpu().numpy()))).to(dev)
-    rows, cols = rows[order], cols[order]
-    out = allocate(advantage=a[rows, cols], ratio=r[rows, cols], delta=d[rows, cols], traj_id=traj[rows],
-                   turn_id=turns[rows, cols], batch_id=torch.full_like(rows, int(batch_id)), **allocator)
+    # flat indices of the kept tokens, row-major; sorted into canonical order only when needed
+    flat = torch.nonzero(keep.reshape(-1)).flatten()
+    rows = torch.div(flat, T, rounding_mode="floor")
+    tr, tu, ps = traj[rows], turns.reshape(-1)[flat], pos.reshape(-1)[flat]
+    if not _is_canonical(tr, tu, ps):
+        order = torch.from_numpy(np.lexsort((ps.cpu().numpy(), tu.cpu().numpy(), tr.cpu().numpy()))).to(dev)
+        flat, rows, tr, tu = flat[order], rows[order], tr[order], tu[order]
+
+    def pick(x: Any, name: str) -> Tensor:
+        t = torch.as_tensor(x, device=dev).detach()
+        if t.dim() == 0:
+            v = t.expand(flat.numel())
+        elif t.dim() == 1 and t.shape[0] == B:
+            v = t[rows]
+        elif t.shape == (B, T):
+            v = t.reshape(-1)[flat]
+        else:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} fits neither the mask {(B, T)} nor its rows")
+        # float32 rounding first: the dump stores float32 and the audit recomputes from it
+        return v.float().double()
+
+    out = allocate(advantage=pick(advantage, "advantage"), ratio=pick(ratio, "ratio"), delta=pick(delta, "delta"),
+                   traj_id=tr, turn_id=tu, batch_id=torch.full_like(rows, int(batch_id)), **allocator)
+    copies = torch.nonzero(dup >= 0).flatten().to(dev)
+    originals = dup.to(dev)[copies]
 
     def back(x: Tensor) -> Tensor:
-        full = torch.zeros((B, T), dtype=x.dtype, device=dev)
-        full[rows, cols] = x
-        copies = torch.nonzero(dup >= 0).flatten().to(dev)
+        full = torch.zeros(B * T, dtype=x.dtype, device=dev)
+        full[flat] = x
+        full = full.view(B, T)
         if copies.numel():
-            full[copies] = full[dup.to(dev)[copies]]
+            full[copies] = full[originals]
         return full
 
     return PaddedAllocation(g=back(out.g), u=back(out.u), m=back(out.m), c=back(out.c), fallback=back(out.fallback),

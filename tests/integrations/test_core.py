@@ -145,7 +145,7 @@ def _loss_ref(s, t, c, m):
     for b in range(s.shape[0]):
         for k in range(s.shape[1]):
             if m[b, k]:
-                tot += float(c[b, k]) * (float(t[b, k]) - float(s[b, k]))
+                tot += float(c[b, k]) * (float(t[b, k]) - float(s[b, k].detach()))
     return tot / float(m.sum())
 
 
@@ -163,12 +163,12 @@ def test_distillation_loss_value_and_micro_batch_accumulation():
     n = m.sum()
     acc = sum(distillation_loss(s[i:i + 3], t[i:i + 3], c[i:i + 3], m[i:i + 3], batch_num_tokens=n) for i in range(0, B, 3))
     (gacc,) = torch.autograd.grad(acc, s)
-    assert float(acc) == pytest.approx(float(full), rel=1e-12)
+    assert float(acc.detach()) == pytest.approx(float(full.detach()), rel=1e-12)
     assert torch.allclose(gacc, gfull, rtol=1e-12, atol=1e-15)
     # two data-parallel ranks: each scales by dp_size, the gradient average restores the mean
     halves = [distillation_loss(s[:4], t[:4], c[:4], m[:4], batch_num_tokens=n, dp_size=2),
               distillation_loss(s[4:], t[4:], c[4:], m[4:], batch_num_tokens=n, dp_size=2)]
-    assert float(sum(halves) / 2) == pytest.approx(float(full), rel=1e-12)
+    assert float(sum(halves).detach() / 2) == pytest.approx(float(full.detach()), rel=1e-12)
     with pytest.raises(ValueError, match="unknown loss_agg_mode"):
         distillation_loss(s, t, c, m, loss_agg_mode="mean")
 
