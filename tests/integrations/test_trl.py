@@ -92,3 +92,41 @@ def test_tcm_by_hand():
     u = torch.tensor([-1.0, 1.0, -2.0, 0.0])
     d = torch.tensor([1.0, 1.0, -1.0, 1.0])
     assert tcm(w, u, d, torch.ones(4, dtype=torch.bool)) == pytest.approx(1 / 3)
+
+
+def test_multi_turn_rollout_func_env_mask_runs_are_turns(tmp_path, monkeypatch):
+    """A TRL ``rollout_func`` marks environment tokens with 0 in ``env_mask``: each run of model tokens is one turn."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    import pyarrow.parquet as pq
+
+    from icsd_audit.train.skills import load_skillbank
+
+    model, tok = tiny_random_causal_lm(seed=0)
+    g = torch.Generator().manual_seed(0)
+
+    def rollout(prompts, trainer):
+        ids = [list(tok(p, add_special_tokens=False).input_ids) for p in prompts]
+        comp, masks = [], []
+        for _ in prompts:
+            a = torch.randint(3, 250, (4,), generator=g).tolist()
+            env = [40, 41, 42]  # an observation fed back by the environment
+            b = torch.randint(3, 250, (3,), generator=g).tolist() + [tok.eos_token_id]
+            comp.append(a + env + b)
+            masks.append([1] * 4 + [0] * 3 + [1] * 4)
+        return {"prompt_ids": ids, "completion_ids": comp, "logprobs": [[0.0] * len(c) for c in comp],
+                "env_mask": masks}
+
+    ds = datasets.Dataset.from_dict({"prompt": ["search for a red mug", "buy blue shoes"] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=16, max_steps=2, use_cpu=True, bf16=False, report_to=[],
+                      save_strategy="no", seed=0, dataloader_num_workers=0)
+    tr = ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=ds,
+                         rollout_func=rollout, icsd=ICSDConfig(min_group=2, dump_dir=str(tmp_path / "dumps")),
+                         teacher_prompt=skill_teacher_prompt(load_skillbank("webshop")))
+    tr.train()
+    t = pq.read_table(sorted((tmp_path / "dumps").glob("*.parquet"))[0])
+    traj, turn, pos = (t.column(k).to_numpy() for k in ("traj_id", "turn_id", "pos"))
+    for j in np.unique(traj):
+        sel = traj == j
+        assert turn[sel].tolist() == [0] * 4 + [1] * 4  # the 3 environment tokens are not tokens of the dump
+        assert pos[sel].tolist() == list(range(8))
