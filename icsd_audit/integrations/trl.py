@@ -41,9 +41,16 @@ from typing import Any, Callable
 import torch
 
 try:
+    import trl
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("icsd_audit.integrations.trl needs TRL: pip install 'icsd[trl]'") from e
+
+#: [lowest tested, first untested) TRL versions.
+TESTED_TRL = ((1, 16), (1, 17))
+if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if p.isdigit()) < TESTED_TRL[1]:
+    warnings.warn(f"TRL {trl.__version__} is outside the range ICSDGRPOTrainer was tested with (1.16.x); "
+                  "pip install 'icsd[trl]'", RuntimeWarning, stacklevel=2)
 
 from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, rank_prefix,
                                           turn_ids_from_mask, write_dump)

@@ -130,3 +130,21 @@ def test_multi_turn_rollout_func_env_mask_runs_are_turns(tmp_path, monkeypatch):
         sel = traj == j
         assert turn[sel].tolist() == [0] * 4 + [1] * 4  # the 3 environment tokens are not tokens of the dump
         assert pos[sel].tolist() == list(range(8))
+
+
+def test_signatures_of_the_trl_methods_we_override_or_call():
+    import inspect
+
+    expected = {
+        "_generate_and_score_completions": ("self", "inputs"),
+        "_get_per_token_logps_and_entropies": ("self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                               "batch_size"),
+        "_compute_loss": ("self", "model", "inputs"),
+        "_tokenize_prompts": ("self", "prompts"),
+    }
+    overridden = sorted(k for k, v in vars(ICSDGRPOTrainer).items() if callable(v) and not k.startswith("__")
+                        and hasattr(GRPOTrainer, k))
+    assert set(overridden) <= set(expected), overridden
+    for name, params in expected.items():
+        got = tuple(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        assert got[: len(params)] == params, name

@@ -210,3 +210,11 @@ def test_shuffled_mini_batches_are_refused(setup):
 def test_unknown_icsd_option():
     with pytest.raises(ValueError, match="unknown icsd option"):
         ICSDVerlConfig.from_config({"distil_coef": 0.1})
+
+
+def test_every_overridden_verl_method_has_a_signature_check():
+    cls = register()
+    overridden = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
+    assert sorted(overridden) == ["_compute_advantage", "on_init_end"]
+    for name in overridden:
+        assert f"verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.{name}" in iv.EXPECTED_SIGNATURES, name
