@@ -52,6 +52,7 @@ __all__ = [
     "rank_prefix",
     "write_dump",
     "mini_batch_ids",
+    "dump_writer",
 ]
 
 
@@ -310,6 +311,19 @@ def dump_rows(alloc: PaddedAllocation, *, batch_id: int, traj_id: Tensor, advant
     for k, v in (extra or {}).items():
         out[k] = pick(v)
     return out
+
+
+def dump_writer(out_dir: str | Path, *, rank: int = 0, producer: Mapping[str, Any] | str = "icsd.integrations",
+                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """A :class:`~icsd_audit.dumps.writer.DumpWriter` for data-parallel rank ``rank``.
+
+    Shards are named ``rank{rank:05d}-part-NNNNNN.parquet`` and the rank is stored in the
+    shard metadata, so ranks writing into one folder never replace each other's files.
+    """
+    from icsd_audit.dumps.writer import DumpWriter
+
+    meta = {"rank": int(rank), **dict(metadata or {})}
+    return DumpWriter(out_dir, producer=producer, prefix=rank_prefix(rank), metadata=meta, **kwargs)
 
 
 def write_dump(writer: Any, alloc: PaddedAllocation, **kwargs: Any) -> Path:

@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
-                                          rank_prefix, write_dump)
+                                          write_dump)
+from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
 __all__ = ["C_KEY", "TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
 
@@ -69,11 +70,9 @@ def stable_traj_id(uid: Any) -> int:
 
 
 def dump_writer(out_dir: str | Path, *, rank: int = 0, **kwargs: Any) -> Any:
-    """A :class:`~icsd_audit.dumps.writer.DumpWriter` whose shard names carry the data-parallel rank."""
-    from icsd_audit.dumps.writer import DumpWriter
-
+    """:func:`icsd_audit.integrations.core.dump_writer` with a verl-agent producer tag."""
     kwargs.setdefault("producer", {"name": "icsd.verl-agent", "engine": "verl-agent"})
-    return DumpWriter(out_dir, prefix=rank_prefix(rank), **kwargs)
+    return core_dump_writer(out_dir, rank=rank, **kwargs)
 
 
 def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, teacher_key: str = TEACHER_KEY,

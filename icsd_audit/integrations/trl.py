@@ -52,7 +52,7 @@ if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if 
     warnings.warn(f"TRL {trl.__version__} is outside the range ICSDGRPOTrainer was tested with (1.16.x); "
                   "pip install 'icsd[trl]'", RuntimeWarning, stacklevel=2)
 
-from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, rank_prefix,
+from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, dump_writer,
                                           turn_ids_from_mask, write_dump)
 
 __all__ = ["ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm"]
@@ -142,11 +142,9 @@ class ICSDGRPOTrainer(GRPOTrainer):
                           f"{self.args.gradient_accumulation_steps} or num_iterations={self.num_iterations} != 1 the "
                           "later optimizer steps use that allocation (docs/engines.md)", stacklevel=2)
         if self.icsd.dump_dir is not None and self.accelerator.is_main_process:
-            from icsd_audit.dumps.writer import DumpWriter
-
-            self._writer = DumpWriter(self.icsd.dump_dir, producer={"name": "icsd.trl", "engine": "trl"},
-                                      allocator=asdict(self.icsd) | {"dump_dir": None},
-                                      prefix=rank_prefix(self.accelerator.process_index))
+            self._writer = dump_writer(self.icsd.dump_dir, rank=self.accelerator.process_index,
+                                       producer={"name": "icsd.trl", "engine": "trl"},
+                                       allocator=asdict(self.icsd) | {"dump_dir": None})
 
     # ------------------------------------------------------------------ teacher pass + allocation
     def _score(self, prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,

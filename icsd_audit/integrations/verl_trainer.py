@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import allocate_padded, mini_batch_ids, rank_prefix, turn_ids_from_mask, write_dump
+from icsd_audit.integrations.core import allocate_padded, dump_writer, mini_batch_ids, turn_ids_from_mask, write_dump
 from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -220,10 +220,8 @@ def register() -> type:
             if self.icsd.dump_dir:
                 from dataclasses import asdict
 
-                from icsd_audit.dumps.writer import DumpWriter
-
-                self._icsd_writer = DumpWriter(self.icsd.dump_dir, producer={"name": "icsd.verl", "engine": "verl"},
-                                               allocator=asdict(self.icsd), prefix=rank_prefix(0))
+                self._icsd_writer = dump_writer(self.icsd.dump_dir, rank=0, producer={"name": "icsd.verl", "engine": "verl"},
+                                                allocator=asdict(self.icsd))
 
         def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
             batch = super()._compute_advantage(batch, metrics)

@@ -176,11 +176,12 @@ def test_distillation_loss_value_and_micro_batch_accumulation():
 def test_dump_rows_round_trip_through_audit_coeffs(tmp_path):
     from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.dumps.coeffs import compute_coefficients
-    from icsd_audit.dumps.writer import DumpWriter
+    from icsd_audit.dumps.reader import read_metadata
+    from icsd_audit.integrations.core import dump_writer
     import pyarrow.parquet as pq
 
     out_c = []
-    writers = [DumpWriter(tmp_path / "dumps", producer="test", prefix=rank_prefix(r)) for r in (0, 1)]
+    writers = [dump_writer(tmp_path / "dumps", rank=r, producer="test") for r in (0, 1)]
     for bid, seed in enumerate([11, 12, 13]):
         mask, traj, turn, adv, ratio, delta = _batch(seed, B=40)
         idx = torch.cat([torch.arange(mask.shape[0]), torch.tensor([1, 3])])
@@ -193,6 +194,7 @@ def test_dump_rows_round_trip_through_audit_coeffs(tmp_path):
         out_c.append(a)
     names = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     assert names == ["rank00000-part-000000.parquet", "rank00000-part-000001.parquet", "rank00001-part-000000.parquet"]
+    assert read_metadata(tmp_path / "dumps" / names[2])["rank"] == 1
     compute_coefficients([tmp_path / "dumps"], tmp_path / "c.parquet", AllocatorOptions())
     tab = pq.read_table(tmp_path / "c.parquet")
     recomputed = tab.column("c").to_numpy()
