@@ -83,8 +83,8 @@ def test_loss_is_trl_loss_plus_weighted_distillation(tmp_path):
     n = float(cm.sum())  # one process, steps_per_generation == gradient_accumulation_steps
     by_hand = sum(float(inputs["icsd_c"][b, t]) * (float(inputs["icsd_teacher_logps"][b, t]) - float(logp[b, t].detach()))
                   for b in range(cm.size(0)) for t in range(cm.size(1)) if cm[b, t]) / n
-    assert float(got - base) == pytest.approx(0.5 * by_hand, rel=1e-4, abs=1e-7)
-    assert float(distillation_loss(logp, inputs["icsd_teacher_logps"], inputs["icsd_c"], cm)) == pytest.approx(by_hand, rel=1e-5)
+    assert float((got - base).detach()) == pytest.approx(0.5 * by_hand, rel=1e-4, abs=1e-7)
+    assert float(distillation_loss(logp, inputs["icsd_teacher_logps"], inputs["icsd_c"], cm).detach()) == pytest.approx(by_hand, rel=1e-5)
 
 
 def test_tcm_by_hand():
