@@ -203,7 +203,7 @@ class ICSDGRPOTrainer(GRPOTrainer):
                        delta=delta, response_mask=gm,
                        extra={"logp": g_stu.float(), "teacher_logp": g_tea.float(),
                               "step": torch.full((B,), int(self.state.global_step)),
-                              "reward_row": torch.arange(B)})
+                              "row": torch.arange(B)})
         self._icsd_batches += 1
         return out
 

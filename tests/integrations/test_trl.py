@@ -148,3 +148,37 @@ def test_signatures_of_the_trl_methods_we_override_or_call():
     for name, params in expected.items():
         got = tuple(inspect.signature(getattr(GRPOTrainer, name)).parameters)
         assert got[: len(params)] == params, name
+
+
+def test_two_process_data_parallel_gathers_before_allocating(tmp_path):
+    """torchrun, 2 CPU processes (gloo): both compute the same allocation of the gathered generation batch, each
+    keeps its own rows, the main process writes the dumps and the audit recomputes them exactly."""
+    import glob
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.dumps.coeffs import compute_coefficients
+
+    worker = os.path.join(os.path.dirname(__file__), "trl_ddp_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", worker, str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for b in (0, 1):
+        r0 = torch.load(tmp_path / f"rank0-batch{b}.pt")
+        r1 = torch.load(tmp_path / f"rank1-batch{b}.pt")
+        assert r0["n"] == r1["n"] == 2
+        g = r0["c_global"]
+        assert torch.equal(g, r1["c_global"])
+        k = r0["c_local"].shape[0]
+        assert g.shape[0] == 2 * k
+        assert torch.equal(r0["c_local"], g[:k, : r0["c_local"].shape[1]].to(r0["c_local"].dtype))
+        assert torch.equal(r1["c_local"], g[k:, : r1["c_local"].shape[1]].to(r1["c_local"].dtype))
+    shards = sorted(glob.glob(str(tmp_path / "dumps" / "*.parquet")))
+    assert [os.path.basename(p) for p in shards] == ["rank00000-part-000000.parquet", "rank00000-part-000001.parquet"]
+    compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=2))
+    rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
+    assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))
