@@ -150,7 +150,7 @@ def test_micro_batches_accumulate_to_the_mini_batch(actor_config, jagged):
         grads[off:off + k] = g
         total += float(loss.detach())
         off += k
-    assert total == pytest.approx(float(full), rel=1e-12, abs=1e-12)
+    assert total == pytest.approx(float(full.detach()), rel=1e-12, abs=1e-12)
     assert torch.allclose(grads, g_full, rtol=1e-12, atol=1e-14)
 
 
