@@ -49,7 +49,6 @@ __all__ = [
     "distillation_token_loss",
     "distillation_loss",
     "dump_rows",
-    "rank_prefix",
     "write_dump",
     "mini_batch_ids",
     "dump_writer",
@@ -268,13 +267,6 @@ def distillation_loss(student_logp: Tensor, teacher_logp: Tensor, c: Tensor, res
 # ------------------------------------------------------------------------------ dumps
 
 
-def rank_prefix(rank: int, prefix: str = "part") -> str:
-    """Shard-name prefix of a data-parallel rank, so ranks never write the same file name."""
-    if int(rank) < 0:
-        raise ValueError(f"rank must be >= 0, got {rank}")
-    return f"rank{int(rank):05d}-{prefix}"
-
-
 def dump_rows(alloc: PaddedAllocation, *, batch_id: int, traj_id: Tensor, advantage: Tensor, ratio: Tensor,
               delta: Tensor, response_mask: Tensor, extra: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Flat per-token dump columns of one padded mini-batch (copies left out), ready for ``DumpWriter.write``.
@@ -317,13 +309,13 @@ def dump_writer(out_dir: str | Path, *, rank: int = 0, producer: Mapping[str, An
                 metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
     """A :class:`~icsd_audit.dumps.writer.DumpWriter` for data-parallel rank ``rank``.
 
-    Shards are named ``rank{rank:05d}-part-NNNNNN.parquet`` and the rank is stored in the
-    shard metadata, so ranks writing into one folder never replace each other's files.
+    Shards are named ``part-NNNNNN-r{rank:05d}.parquet`` by :class:`DumpWriter` (which never
+    replaces an existing file) and the rank is stored in the shard metadata too.
     """
     from icsd_audit.dumps.writer import DumpWriter
 
     meta = {"rank": int(rank), **dict(metadata or {})}
-    return DumpWriter(out_dir, producer=producer, prefix=rank_prefix(rank), metadata=meta, **kwargs)
+    return DumpWriter(out_dir, producer=producer, rank=int(rank), metadata=meta, **kwargs)
 
 
 def write_dump(writer: Any, alloc: PaddedAllocation, **kwargs: Any) -> Path:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from icsd_audit.alloc.variants import allocate
-from icsd_audit.integrations.core import (allocate_padded, distillation_loss, dump_rows, duplicate_rows, rank_prefix,
+from icsd_audit.integrations.core import (allocate_padded, distillation_loss, dump_rows, duplicate_rows,
                                           turn_ids_from_mask)
 
 torch.set_num_threads(1)
@@ -193,8 +193,8 @@ def test_dump_rows_round_trip_through_audit_coeffs(tmp_path):
         writers[bid % 2].write(**cols)
         out_c.append(a)
     names = sorted(p.name for p in (tmp_path / "dumps").iterdir())
-    assert names == ["rank00000-part-000000.parquet", "rank00000-part-000001.parquet", "rank00001-part-000000.parquet"]
-    assert read_metadata(tmp_path / "dumps" / names[2])["rank"] == 1
+    assert names == ["part-000000-r00000.parquet", "part-000000-r00001.parquet", "part-000001-r00000.parquet"]
+    assert read_metadata(tmp_path / "dumps" / names[1])["rank"] == 1
     compute_coefficients([tmp_path / "dumps"], tmp_path / "c.parquet", AllocatorOptions())
     tab = pq.read_table(tmp_path / "c.parquet")
     recomputed = tab.column("c").to_numpy()
@@ -207,7 +207,8 @@ def test_dump_rows_round_trip_through_audit_coeffs(tmp_path):
     assert np.array_equal(recomputed, deployed)
 
 
-def test_rank_prefix():
-    assert rank_prefix(3) == "rank00003-part"
+def test_dump_writer_rejects_negative_ranks(tmp_path):
+    from icsd_audit.integrations.core import dump_writer
+
     with pytest.raises(ValueError):
-        rank_prefix(-1)
+        dump_writer(tmp_path, rank=-1)

@@ -129,7 +129,7 @@ def test_allocate_dataproto_with_adjust_batch_copies(tmp_path, per_mini_batch):
     if not per_mini_batch:
         assert torch.equal(c[n], c[0]) and torch.equal(c[n + 1], c[3]) and torch.equal(c[n + 2], c[5])
     names = sorted(p.name for p in (tmp_path / "d").iterdir())
-    assert names[0] == "rank00003-part-000000.parquet" and len(names) == len(chunks)
+    assert names[0] == "part-000000-r00003.parquet" and len(names) == len(chunks)
 
 
 def test_allocate_dataproto_needs_turn_step():

@@ -47,7 +47,7 @@ def test_trl_run_writes_dumps_that_audit_coeffs_recomputes_exactly(tmp_path):
     tr = _trainer(tmp_path, steps=3)
     tr.train()
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
-    assert [p.name for p in shards] == [f"rank00000-part-{i:06d}.parquet" for i in range(3)]
+    assert [p.name for p in shards] == [f"part-{i:06d}-r00000.parquet" for i in range(3)]
     summary = compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=4))
     assert summary.n_batches == 3
     assert summary.max_turn_mass_error < 1e-12
@@ -178,7 +178,7 @@ def test_two_process_data_parallel_gathers_before_allocating(tmp_path):
         assert torch.equal(r0["c_local"], g[:k, : r0["c_local"].shape[1]].to(r0["c_local"].dtype))
         assert torch.equal(r1["c_local"], g[k:, : r1["c_local"].shape[1]].to(r1["c_local"].dtype))
     shards = sorted(glob.glob(str(tmp_path / "dumps" / "*.parquet")))
-    assert [os.path.basename(p) for p in shards] == ["rank00000-part-000000.parquet", "rank00000-part-000001.parquet"]
+    assert [os.path.basename(p) for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
     compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=2))
     rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
     assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))

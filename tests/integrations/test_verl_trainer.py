@@ -192,7 +192,7 @@ def test_icsd_sync_driver_step(setup, tmp_path):
     import pyarrow.parquet as pq
 
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
-    assert [p.name for p in shards] == ["rank00000-part-000000.parquet", "rank00000-part-000001.parquet"]
+    assert [p.name for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
     compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=2))
     rec = pq.read_table(tmp_path / "c.parquet")
     dumped = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
