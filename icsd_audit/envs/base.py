@@ -15,6 +15,12 @@ except the placeholder itself. Every other entry admits exactly itself, compared
 model is asked to answer ``<think>...</think><action>...</action>``; the text inside the
 first ``<action>...</action>`` (tags matched case-insensitively) is the action. A reply
 without that block, or whose action is not admissible, is invalid.
+
+Two notions of an invalid turn exist and the trainer picks one (``invalid_rule``):
+:func:`well_formed` is verl-agent's rule (its environment projections' ``valids``:
+only a malformed reply is invalid, whatever the environment makes of the action);
+:attr:`ParsedAction.valid` together with the environment's ``valid_action`` also counts a
+well-formed but non-admissible action as invalid (this toolkit's stricter option).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ __all__ = [
     "is_admissible",
     "match_admissible",
     "parse_action",
+    "well_formed",
     "step_info",
 ]
 
@@ -105,6 +112,7 @@ _TEMPLATE = re.compile(r"^([^\[\]]+)\[<[^<>]*>\]$")
 _CALL = re.compile(r"^([^\[\]]+)\[(.*)\]$", re.DOTALL)
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
+_CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def normalize_action(action: str) -> str:
@@ -162,6 +170,25 @@ def parse_action(
             return ParsedAction(action=action, valid=False, reason="not_admissible")
         action = matched
     return ParsedAction(action=action, valid=True, reason="")
+
+
+def well_formed(text: str, *, require_think: bool = False) -> bool:
+    """verl-agent's validity rule for a reply (``webshop_projection`` / ``alfworld_projection``).
+
+    Valid when the lower-cased reply contains both ``<action>`` and ``</action>`` (their
+    order and the content between them are not checked: ``<action></action>`` is valid),
+    with ``require_think`` also both ``<think>`` and ``</think>`` (matched case-
+    sensitively, as verl-agent searches the original string), and no CJK ideograph
+    (U+4E00 to U+9FFF) anywhere in the reply. Admissibility plays no part: a well-formed
+    reply naming an action the page does not offer is valid here (the environment
+    treats it as a no-op).
+    """
+    low = text.lower()
+    if low.find("<action>") == -1 or low.find("</action>") == -1:
+        return False
+    if require_think and (text.find("<think>") == -1 or text.find("</think>") == -1):
+        return False
+    return _CJK.search(text) is None
 
 
 def step_info(*, won: bool, score: float, valid_action: bool, **extra: Any) -> dict[str, Any]:

@@ -39,6 +39,8 @@ __all__ = ["TrainConfig", "ConfigError", "PRESETS", "preset", "preset_for", "fie
 
 #: Reward shaping names (see ``TrainConfig.reward``).
 REWARDS = ("won10", "score")
+#: Invalid-turn rules (see ``TrainConfig.invalid_rule`` and icsd_audit.train.rollout.INVALID_RULES).
+INVALID_RULE_NAMES = ("format", "admissible")
 _PRECISIONS = ("auto", "float32", "bf16-mixed")
 _NO_ALLOCATOR = "none"
 
@@ -97,7 +99,9 @@ class TrainConfig:
     reward: str = "won10"
     """Step reward: 'won10' (verl-agent: 10 when the episode is won, else 0) or 'score' (WebShop's continuous score at purchase)."""
     invalid_penalty: float = 0.1
-    """Subtracted from an action turn's score when its action is invalid (verl-agent's invalid_action_penalty_coef)."""
+    """Subtracted from an action turn's score when the turn is invalid (verl-agent's invalid_action_penalty_coef)."""
+    invalid_rule: str = "format"
+    """Which turns are invalid: 'format' (verl-agent: malformed reply only: missing <action> or, with require_think, <think> tags, or CJK text) or 'admissible' (also a well-formed but non-admissible action)."""
 
     # ------------------------------------------------------------------ rollout
     n_tasks: int = 16
@@ -302,6 +306,8 @@ class TrainConfig:
         need(0 <= self.gamma <= 1, f"gamma={self.gamma} must lie in [0, 1]")
         need(self.alloc_eps > 0, f"alloc_eps={self.alloc_eps} must be > 0")
         need(self.trust_beta > 0, f"trust_beta={self.trust_beta} must be > 0")
+        need(self.invalid_rule in INVALID_RULE_NAMES,
+             f"invalid_rule={self.invalid_rule!r}: choose one of {list(INVALID_RULE_NAMES)}")
         need(self.reward in REWARDS, f"reward={self.reward!r}: choose one of {list(REWARDS)}")
         need(self.precision in _PRECISIONS, f"precision={self.precision!r}: choose one of {list(_PRECISIONS)}")
         need(self.adv_estimator in ("grpo", "gigpo"), f"adv_estimator={self.adv_estimator!r}: choose 'grpo' or 'gigpo'")

@@ -45,7 +45,8 @@ class EvalResult:
 
 def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Callable[[], TextEnv], n_tasks: int,
              max_turns: int, max_response_tokens: int, temperature: float, require_think: bool, batch_rows: int,
-             device: torch.device, seed: int = 0, split: str = "eval", precision: str = "float32") -> EvalResult:
+             device: torch.device, seed: int = 0, split: str = "eval", precision: str = "float32",
+             invalid_rule: str = "format") -> EvalResult:
     """Roll the policy out once on each of the first ``n_tasks`` held-out instructions."""
     t0 = time.perf_counter()
     probe = make_env()
@@ -53,7 +54,7 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
     envs: list[TextEnv] = [probe] + [make_env() for _ in range(n - 1)]
     settings = RolloutSettings(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature,
                                batch_rows=batch_rows, require_think=require_think, reward="score", record_logp=False,
-                               precision=precision)
+                               precision=precision, invalid_rule=invalid_rule)
     was_training = model.training
     model.eval()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

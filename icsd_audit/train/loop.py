@@ -256,7 +256,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     settings = RolloutSettings(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                                temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
                                require_think=cfg.require_think, reward=cfg.reward,
-                               record_logp=not cfg.recompute_old_logp, precision=precision)
+                               record_logp=not cfg.recompute_old_logp, precision=precision,
+                               invalid_rule=cfg.invalid_rule)
     actor = Actor(policy, optimizer, distill=distill, clip_ratio=cfg.clip_ratio, dual_clip=cfg.dual_clip,
                   kl_coef=cfg.kl_coef, temperature=cfg.temperature, mini_batch_rows=cfg.mini_batch_rows,
                   micro_batch_rows=cfg.micro_batch_rows, ppo_epochs=cfg.ppo_epochs, grad_clip=cfg.grad_clip,
@@ -308,7 +309,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                           n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                           temperature=cfg.eval_temperature, require_think=cfg.require_think,
                           batch_rows=cfg.rollout_batch_rows, device=device, seed=cfg.seed, split=cfg.eval_split,
-                          precision=precision).to_dict()
+                          precision=precision, invalid_rule=cfg.invalid_rule).to_dict()
             ev["step"] = step
             eval_log.write(ev)
             result.evals.append(ev)

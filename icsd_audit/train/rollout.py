@@ -10,10 +10,20 @@ and the log-probs the sampler assigned to them (the "old" log-probs, from the ra
 logits divided by the temperature: sampling is from the full softmax, no top-k/top-p,
 so these are exactly log pi_old of the sampled tokens up to kernel numerics).
 
-Invalid actions (no ``<action>`` block, no ``<think>`` block when required, or an
-action the page does not admit) leave the environment unchanged, count as a turn, and
-are flagged on the row; the advantage estimator subtracts ``invalid_penalty`` from the
-row's score, as verl-agent's ``apply_invalid_action_penalty`` does.
+Which turns are *invalid* (flagged on the row; the advantage estimator subtracts
+``invalid_penalty`` from the row's score, as verl-agent's ``apply_invalid_action_penalty``
+does) is chosen by name from :data:`INVALID_RULES`:
+
+* ``format`` (default, verl-agent's rule, :func:`icsd_audit.envs.base.well_formed`):
+  only a malformed reply is invalid (no ``<action>``/``</action>`` tags, no
+  ``<think>``/``</think>`` tags when required, CJK characters). A well-formed reply
+  whose action the page does not admit is a valid turn that leaves the environment
+  unchanged.
+* ``admissible`` (this toolkit's stricter option): additionally a well-formed reply
+  whose action is empty or not admissible (by the parser or by the environment).
+
+Either way an action the environment cannot carry out leaves it unchanged and counts
+as a turn.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import torch
 from torch import Tensor
 
 from icsd_audit.envs import Observation, StepResult, TextEnv, parse_action
+from icsd_audit.envs.base import ParsedAction, well_formed
 from icsd_audit.train.models import chat_prompt
 from icsd_audit.train.advantages import TurnRecords, anchor_id
 from icsd_audit.train.logprobs import autocast_for
@@ -32,6 +43,7 @@ from icsd_audit.train.prompts import HistoryEntry, TurnContext, build_messages, 
 
 __all__ = [
     "REWARD_FNS",
+    "INVALID_RULES",
     "ONE_SHOT",
     "PromptBuilder",
     "TurnRow",
@@ -48,6 +60,12 @@ __all__ = [
 REWARD_FNS: dict[str, Callable[[StepResult], float]] = {
     "won10": lambda r: 10.0 if r.won else 0.0,
     "score": lambda r: float(r.reward),
+}
+
+#: ``rule(reply_text, parsed, step_result, require_think)`` -> whether the turn is valid.
+INVALID_RULES: dict[str, Callable[[str, ParsedAction, StepResult, bool], bool]] = {
+    "format": lambda text, parsed, res, think: well_formed(text, require_think=think),
+    "admissible": lambda text, parsed, res, think: bool(parsed.valid and res.info.get("valid_action", True)),
 }
 
 #: One worked exchange per environment for ``one_shot`` (a made-up instruction that is
@@ -207,6 +225,7 @@ class RolloutSettings:
     reward: str
     record_logp: bool
     precision: str = "float32"
+    invalid_rule: str = "format"  # a key of INVALID_RULES
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -326,6 +345,7 @@ def collect_rollouts(
     if len(envs) < n_eps:
         raise ValueError(f"need {n_eps} environment instances, got {len(envs)}")
     reward_fn = REWARD_FNS[settings.reward]
+    is_valid = INVALID_RULES[settings.invalid_rule]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(model, tokenizer)[0]
     stop_ids = _stop_ids(model, tokenizer)
     trajs = [Trajectory(traj=i, slot=i // group_size, task=int(tasks[i // group_size]), rollout=i % group_size)
@@ -358,7 +378,7 @@ def collect_rollouts(
                 text = tokenizer.decode(resp[j], skip_special_tokens=True)
                 parsed = parsers[i](text, obs[i].available_actions, require_think=settings.require_think)
                 res = envs[i].step(parsed.action)
-                valid = bool(parsed.valid and res.info.get("valid_action", True))
+                valid = bool(is_valid(text, parsed, res, settings.require_think))
                 r = reward_fn(res)
                 tr = trajs[i]
                 tr.n_turns += 1
