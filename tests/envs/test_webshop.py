@@ -110,10 +110,52 @@ def test_reward_attribute_found_in_text_and_fuzzy():
 
 
 def test_reward_option_colour_normalisation():
-    # "navy blue" and "light blue" both normalise to "blue" -> match; "red" does not.
-    assert option_reward(["light blue"], ["navy blue"]) == (1.0, 1)
-    assert option_reward(["red", "large"], ["navy blue", "x-large"]) == (0.5, 1)
-    assert option_reward(["red"], []) == (None, 0)
+    # "navy blue" and "light blue" both normalise to "blue" -> match; "red" does not (and "red"
+    # is not in the title, features or description either).
+    p = _product()
+    assert option_reward(p, ["navy blue"], {"color": "light blue"}) == (1.0, 1)
+    # style "large" vs goal "x-large": token sets {large} and {x, large}; sect = "large" equals
+    # sect + diff = "large", so token_set_ratio = 100 > 85 -> a fuzzy match; color "red" matches
+    # nothing: 1 match of 2 goal options
+    assert option_reward(p, ["navy blue", "x-large"], {"color": "red", "style": "large"}) == (0.5, 1)
+    # the same value as a *size* must equal a goal value: no match
+    assert option_reward(p, ["navy blue", "x-large"], {"color": "red", "size": "large"}) == (0.0, 0)
+    assert option_reward(p, [], {"color": "red"}) == (None, 0)
+
+
+def test_option_reward_size_is_matched_exactly():
+    # WebShop's EXACT_MATCH_OPTS = ["size"]: "6.76 fl. oz" and "6.76 fl oz" have the same token set
+    # (token_set_ratio 100), so any other dimension matches fuzzily, but a size must be equal.
+    p = _product()
+    assert option_reward(p, ["6.76 fl oz"], {"size": "6.76 fl oz"}) == (1.0, 1)
+    assert option_reward(p, ["6.76 fl oz"], {"size": "6.76 fl. oz"}) == (0.0, 0)
+    assert option_reward(p, ["6.76 fl oz"], {"Size": "6.76 fl. oz"}) == (0.0, 0)  # key compared lower-cased
+    assert option_reward(p, ["6.76 fl oz"], {"volume": "6.76 fl. oz"}) == (1.0, 1)
+
+
+def test_option_reward_falls_back_to_title_features_description():
+    # a chosen value that matches no goal value still counts when it occurs verbatim in the
+    # lower-cased title, features or description (size included)
+    p = _product(title="Aurelle Jasmine Eau de Parfum - Large Bottle", features=["Comes in red glass."],
+                 description="A jasmine eau de parfum in a travel case.")
+    assert option_reward(p, ["x-large"], {"size": "large"}) == (1.0, 1)  # "large" in the title
+    assert option_reward(p, ["navy blue"], {"color": "red"}) == (1.0, 1)  # "red" in the features
+    assert option_reward(p, ["navy blue"], {"style": "travel case"}) == (1.0, 1)  # in the description
+    assert option_reward(p, ["navy blue"], {"style": "gift box"}) == (0.0, 0)
+    # the value is normalised before the search: "dark red" -> "dark" (earlier in the list), absent
+    assert option_reward(p, ["navy blue"], {"color": "dark red"}) == (0.0, 0)
+
+
+def test_option_reward_counts_chosen_options_not_goal_options():
+    # Two chosen values that both normalise to "blue" against one goal value "navy blue" ("blue"):
+    # WebShop counts 2 matches and reports r_option = 2 / 1.
+    p = _product()
+    assert option_reward(p, ["navy blue"], {"color": "light blue", "trim": "sky blue"}) == (2.0, 2)
+    # one chosen option against two goal options: at most 1 of 2
+    assert option_reward(p, ["navy blue", "6.76 fl oz"], {"color": "blue"}) == (0.5, 1)
+    # the total: goal with 2 attributes + 1 option, product has both attributes, price ok:
+    # (2 + 0 + 1) / 4 with a wrong size not in the text
+    assert webshop_reward(p, GOAL, 80.0, {"size": "3.4 fl oz"}).reward == pytest.approx(0.75)
 
 
 def test_type_reward_rules():
@@ -174,15 +216,26 @@ def test_regeneration_equals_shipped_file():
 
 
 def test_every_goal_rewards_its_target_with_one_and_wrong_options_less(cat):
+    """The target with the goal options scores 1; a wrong option scores less unless WebShop's
+    text fallback credits it (its normalised value occurs in the title, features or
+    description, e.g. colour "blue" inside "bluetooth"), which the original reward does too."""
+    from icsd_audit.envs.webshop.fuzzy import normalize_color
+
+    credited = total = 0
     for split in ("train", "eval"):
         for g in cat.goals(split):
             p = cat.by_asin[g["asin"]]
             assert webshop_reward(p, g, p["price"], g["goal_options"]).reward == 1.0
+            text = " ".join([p["title"], " ".join(p["features"]), p["description"]]).lower()
             for name, values in p["options"].items():
                 for v in values:
                     if v != g["goal_options"][name]:
+                        total += 1
                         wrong = dict(g["goal_options"], **{name: v})
-                        assert webshop_reward(p, g, p["price"], wrong).reward < 1.0
+                        if webshop_reward(p, g, p["price"], wrong).reward == 1.0:
+                            assert normalize_color(v) in text, (g["asin"], name, v)
+                            credited += 1
+    assert total > 1000 and credited < 0.1 * total
 
 
 # --------------------------------------------------------------------------- search

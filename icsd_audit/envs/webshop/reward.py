@@ -12,8 +12,14 @@
 * ``n_att``: goal attributes matched by a product attribute (fuzzy, see
   :mod:`.fuzzy`) or, failing that, found verbatim in the lower-cased title, features
   or description.
-* ``n_opt``: goal option values matched (fuzzy, after colour normalisation) by one of
-  the chosen option values.
+* ``n_opt`` (``get_option_reward``): counted over the *chosen* (purchased) options. Both
+  the chosen values and the goal values first go through colour normalisation. A chosen
+  value counts when its dimension is ``size`` (any case) and it equals one of the goal
+  values exactly; for any other dimension, when it matches one of the goal values
+  fuzzily; and, failing that (size included), when it occurs verbatim in the lower-cased
+  title, features or description. ``r_option = n_opt / |goal options|`` (None when the
+  goal has none); as in WebShop, ``n_opt`` can exceed the number of goal options when
+  more options are chosen than the goal names.
 * ``r_price``: 1 when the price is at most the goal's cap.
 
 The purchase is a success (``won``) when the reward is exactly 1.
@@ -26,9 +32,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .fuzzy import fuzzy_match, normalize_color
 
-__all__ = ["RewardInfo", "type_reward", "attribute_reward", "option_reward", "webshop_reward"]
+__all__ = ["RewardInfo", "type_reward", "attribute_reward", "option_reward", "webshop_reward", "EXACT_MATCH_OPTIONS"]
 
 CATEGORY_SEP = "›"
+#: Option dimensions matched exactly rather than fuzzily (WebShop's ``EXACT_MATCH_OPTS``).
+EXACT_MATCH_OPTIONS = ("size",)
 
 
 @dataclass(frozen=True)
@@ -95,14 +103,28 @@ def attribute_reward(purchased: Mapping[str, Any], goal_attributes: Sequence[str
     return fraction, matches
 
 
-def option_reward(chosen: Iterable[str], goal_options: Iterable[str]) -> tuple[float | None, int]:
-    """(fraction or None when the goal has no options, count) of goal options chosen."""
-    chosen_n = [normalize_color(o) for o in chosen]
+def option_reward(purchased: Mapping[str, Any], goal_options: Iterable[str],
+                  chosen_options: Mapping[str, str]) -> tuple[float | None, int]:
+    """(fraction or None when the goal has no options, count): WebShop's ``get_option_reward``.
+
+    ``chosen_options`` maps each chosen dimension to its value (what was clicked before
+    buying); ``purchased`` supplies the title, features and description searched when a
+    chosen value matches no goal value.
+    """
     goal_n = [normalize_color(o) for o in goal_options]
+    title = purchased["title"].lower()
+    features = " ".join(purchased["features"]).lower()
+    description = purchased["description"].lower()
     matches = 0
-    for g_opt in goal_n:
-        if any(fuzzy_match(p_opt, g_opt) for p_opt in chosen_n):
-            matches += 1
+    for dim, value in chosen_options.items():
+        v = normalize_color(value)
+        if dim.lower() in EXACT_MATCH_OPTIONS:
+            matched = v in goal_n
+        else:
+            matched = any(fuzzy_match(g_opt, v) for g_opt in goal_n)
+        if not matched:
+            matched = v in title or v in features or v in description
+        matches += int(matched)
     fraction = matches / len(goal_n) if goal_n else None
     return fraction, matches
 
@@ -124,7 +146,7 @@ def webshop_reward(
     goal_opts = list(goal["goal_options"].values())
     r_price = 1.0 if price <= goal["price_upper"] else 0.0
     r_att, n_att = attribute_reward(purchased, goal_attrs)
-    r_opt, n_opt = option_reward(list(chosen_options.values()), goal_opts)
+    r_opt, n_opt = option_reward(purchased, goal_opts, chosen_options)
     total = (n_att + n_opt + r_price) / (len(goal_attrs) + len(goal_opts) + 1)
     total *= t["r_type"]
     return RewardInfo(
