@@ -174,6 +174,8 @@ class AllocatorSpec:
     combine: Combine
     score: ScoreFn | None
     description: str
+    #: Optional per-token columns this allocator cannot do without (e.g. ``score_norm``).
+    requires: tuple[str, ...] = ()
 
 
 _ALLOCATORS: dict[str, AllocatorSpec] = {}
@@ -265,8 +267,11 @@ def _score_icsd(*, u: Tensor, advantage: Tensor, ratio: Tensor, lay: Layout, eta
     return _calibrated(u, lay, eta=eta, eps=eps, min_group=min_group)
 
 
-def _score_fisher(*, advantage: Tensor, ratio: Tensor, lay: Layout, eta: float, eps: float, min_group: int, **_: object) -> _Score:
-    return _calibrated((advantage * ratio).abs(), lay, eta=eta, eps=eps, min_group=min_group)
+def _score_fisher(*, advantage: Tensor, ratio: Tensor, score_norm: Tensor, lay: Layout, eta: float, eps: float,
+                  min_group: int, **_: object) -> _Score:
+    # |A * rho| alone is constant over a turn wherever rho is, and turn mass matching
+    # cancels per-turn constants; the per-token score norm is what varies inside a turn.
+    return _calibrated((advantage * ratio).abs() * score_norm, lay, eta=eta, eps=eps, min_group=min_group)
 
 
 def _score_sign(*, u: Tensor, **_: object) -> _Score:
@@ -324,7 +329,8 @@ for _spec in (
     AllocatorSpec("opsd", "uniform", None, "plain OPSD: c = 1 on every valid token"),
     AllocatorSpec("sdar", "trust", None, "SDAR: c = g, the base trust"),
     AllocatorSpec("icsd", "trust-weighted", _score_icsd, "ICSD: m = Phi_G(A*rho*delta), turn mass matched"),
-    AllocatorSpec("fisher", "trust-weighted", _score_fisher, "m = Phi_G(|A*rho|): unsigned policy-gradient magnitude"),
+    AllocatorSpec("fisher", "trust-weighted", _score_fisher,
+                  "m = Phi_G(|A*rho| * score_norm): unsigned per-token policy-gradient magnitude", ("score_norm",)),
     AllocatorSpec("sign", "trust-weighted", _score_sign, "m = 1 / 0.5 / 0 for u > 0 / = 0 / < 0"),
     AllocatorSpec("influence-only", "influence-only", _score_icsd, "ICSD with g replaced by 1 inside C"),
     AllocatorSpec("gaussian", "trust-weighted", _score_gaussian, "m = normal CDF of the group z-score of u"),
@@ -389,6 +395,7 @@ class ValidTokens:
     index: Tensor
     n_rows: int
     all_valid: bool
+    score_norm: Tensor | None = None
 
     @property
     def n_valid(self) -> int:
@@ -400,7 +407,7 @@ class ValidTokens:
 
     @staticmethod
     def select(advantage: Tensor, ratio: Tensor, delta: Tensor, traj_id: Tensor, turn_id: Tensor,
-               batch_id: Tensor | None, valid: Tensor | None) -> "ValidTokens":
+               batch_id: Tensor | None, valid: Tensor | None, score_norm: Tensor | None = None) -> "ValidTokens":
         dtype = advantage.dtype if advantage.is_floating_point() else torch.float64
         n_rows, device = advantage.shape[0], advantage.device
         valid = torch.ones(n_rows, dtype=torch.bool, device=device) if valid is None else valid.to(torch.bool)
@@ -417,6 +424,7 @@ class ValidTokens:
             advantage=take(advantage).to(dtype), ratio=take(ratio).to(dtype), delta=take(delta).to(dtype),
             batch_id=take(batch_id).long(), traj_id=take(traj_id).long(), turn_id=take(turn_id).long(),
             index=idx, n_rows=n_rows, all_valid=all_valid,
+            score_norm=None if score_norm is None else take(score_norm).to(dtype),
         )
 
     def batch_runs(self) -> list[int] | None:
@@ -463,6 +471,7 @@ def allocate(
     eps: float = EPS,
     min_group: int = MIN_GROUP,
     seed: int = 0,
+    score_norm: Tensor | None = None,
 ) -> Allocation:
     """Compute g, u, m, c and the fallback flag for flat per-token tensors.
 
@@ -472,17 +481,24 @@ def allocate(
     ``advantage`` sets the compute dtype (float64 for audits, float32 allowed in
     training); ``seed`` matters only for ``permuted``.  For ``sdar`` and ``opsd``
     the returned ``m`` is 1 (no score enters), and ``opsd`` forces uniform trust.
+    ``score_norm`` (SPEC 1, optional column) is the per-token norm of the sampled
+    token's log-probability gradient w.r.t. the logits; ``fisher`` requires it.
     """
     advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
         tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
         valid=valid)
     spec = get_allocator(allocator)
+    if "score_norm" in spec.requires and score_norm is None:
+        raise ValueError(f"allocator {allocator!r} needs the per-token 'score_norm' column (SPEC 5); "
+                         "dumps written by `icsd train` carry it, others must add it")
     trust_fn = get_trust("uniform" if spec.combine == "uniform" else trust)
     if min_group < 1:
         raise ValueError(f"min_group must be >= 1, got {min_group}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
+    if "score_norm" not in spec.requires:
+        score_norm = None  # only the allocators that use it carry it through
+    tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid, score_norm)
     options = dict(spec=spec, trust_fn=trust_fn, trust_eta=trust_eta, trust_beta=trust_beta,
                    influence_eta=influence_eta, eps=eps, min_group=min_group, seed=seed)
     # Statistics never cross batches, so contiguous batches are allocated one at a time:
@@ -491,12 +507,13 @@ def allocate(
     # over the whole call (the bulk permutation controls reproduce it).
     runs = tok.batch_runs() if spec.name != "permuted" else None
     if runs is None:
-        parts = [_allocate_valid(tok.advantage, tok.ratio, tok.delta, tok.layout, **options)]
+        parts = [_allocate_valid(tok.advantage, tok.ratio, tok.delta, tok.layout, score_norm=tok.score_norm, **options)]
     else:
         parts = []
-        for a, r, d, b, tr, tu in zip(*(x.split(runs) for x in (tok.advantage, tok.ratio, tok.delta, tok.batch_id,
-                                                                  tok.traj_id, tok.turn_id))):
-            parts.append(_allocate_valid(a, r, d, Layout.build(b, tr, tu), **options))
+        sn_parts = tok.score_norm.split(runs) if tok.score_norm is not None else [None] * len(runs)
+        for a, r, d, b, tr, tu, sn in zip(*(x.split(runs) for x in (tok.advantage, tok.ratio, tok.delta, tok.batch_id,
+                                                                      tok.traj_id, tok.turn_id)), sn_parts):
+            parts.append(_allocate_valid(a, r, d, Layout.build(b, tr, tu), score_norm=sn, **options))
     outs = [p[0] for p in parts]
     g, u, m, c, fallback = (torch.cat([o[k] for o in outs]) if len(outs) > 1 else outs[0][k] for k in range(5))
     diag = _merge_diagnostics([p[1] for p in parts], n_fallback=int(fallback.sum()))
@@ -521,7 +538,8 @@ def _token_tensors(tokens: Tokens | None, **arrays: Tensor | None) -> tuple[Tens
 
 def _allocate_valid(a: Tensor, r: Tensor, d: Tensor, lay: Layout, *, spec: AllocatorSpec, trust_fn: Callable[..., tuple[Tensor, int]],
                     trust_eta: float, trust_beta: float, influence_eta: float, eps: float, min_group: int,
-                    seed: int) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor, Tensor], AllocationDiagnostics]:
+                    seed: int, score_norm: Tensor | None = None,
+                    ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor, Tensor], AllocationDiagnostics]:
     """The allocation of valid rows with their layout: (g, u, m, c, fallback) and diagnostics."""
     g, trust_fixed = trust_fn(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
     u = torch.mul(a, r).mul_(d)
@@ -533,7 +551,7 @@ def _allocate_valid(a: Tensor, r: Tensor, d: Tensor, lay: Layout, *, spec: Alloc
         degenerate, a_min, a_max = 0, math.nan, math.nan
     else:
         score = spec.score(
-            u=u, advantage=a, ratio=r, delta=d, fallback=fallback, lay=lay,
+            u=u, advantage=a, ratio=r, delta=d, fallback=fallback, lay=lay, score_norm=score_norm,
             eta=influence_eta, eps=eps, min_group=min_group, seed=seed,
         )
         m = score.m

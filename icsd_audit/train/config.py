@@ -135,7 +135,9 @@ class TrainConfig:
     skillbank: str | None = None
     """SkillBank: a built-in name, a JSON file or an SDAR skills folder (None: the bank named after the environment)."""
     skill_mode: str = "match"
-    """Retrieval: 'match' (keyword match on the task, SDAR), 'all' or 'general'."""
+    """Retrieval: 'match' (keyword match, see skill_match), 'all' (SDAR's skill_all) or 'general'."""
+    skill_match: str = "sdar"
+    """Keyword rule of skill_mode='match': 'sdar' (SDAR's get_privileged_info_from_prompt: plain substrings on the whole lower-cased student prompt, every matching category) or 'instruction' (the bank's own rule on the task instruction only; whole words for the shipped banks)."""
     skill_placement: str = "prefix"
     """'prefix' (SDAR: the skill block in front of the rendered student prompt) or 'user' (inside the user message)."""
 
@@ -314,6 +316,8 @@ class TrainConfig:
         need(self.gigpo_mode in ("mean_norm", "mean_std_norm"),
              f"gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
         need(self.skill_mode in ("match", "all", "general"), f"skill_mode={self.skill_mode!r}: choose match, all or general")
+        need(self.skill_match in ("sdar", "instruction"),
+             f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
         need(self.skill_placement in ("prefix", "user"), f"skill_placement={self.skill_placement!r}: choose 'prefix' (SDAR) or 'user'")
         valid_alloc = [_NO_ALLOCATOR, *allocator_names()]
         need(self.allocator in valid_alloc, f"allocator={self.allocator!r}: choose one of {valid_alloc}")

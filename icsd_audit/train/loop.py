@@ -248,7 +248,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                             one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
     teacher = make_teacher(distill.enabled, model=policy, builder=builder,
                            bank=load_skillbank(cfg.skillbank_name) if distill.enabled else None,
-                           skill_mode=cfg.skill_mode, micro_batch_rows=cfg.micro_batch_rows, **score_kw)
+                           skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
+                           micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
     factory = env_factory or _default_env_factory(cfg)
     envs = [factory(cfg.train_split) for _ in range(cfg.n_tasks * cfg.group_size)]

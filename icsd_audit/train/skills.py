@@ -6,13 +6,22 @@ matched against the task instruction and a list of short strategy skills. The re
 text ``z`` is what the privileged teacher sees prepended to its prompt (SDAR's
 "[Privileged Skill Information]" block; see ``icsd_audit.train.prompts``).
 
-Retrieval follows SDAR's ``SkillProvider`` (the public SDAR code, ``verl/trainer/ppo/
-rlsd_utils.py``): the task text is lower-cased; a category matches when *any* of its
-keywords occurs in it; ``z`` is the general block followed by the block of every matched
-category, joined by a blank line; with no match, ``z`` is the general block alone. SDAR
-tests keywords as plain substrings (``kw in text``); a bank may ask for whole-word
-matching instead (``"match": "word"``, plural ``s``/``es`` allowed), which the shipped
-banks do so that "hat" does not fire on "that" nor "hair" on "chair". A keyword may
+Two retrieval rules (the trainer's ``skill_match``):
+
+* ``sdar`` (default, the paper's setting), :meth:`SkillBank.retrieve_sdar`: SDAR's
+  ``SkillProvider.get_privileged_info_from_prompt`` (``verl/trainer/ppo/rlsd_utils.py``):
+  the turn's *whole student prompt* is lower-cased; a category matches when *any* of its
+  keywords occurs in it as a plain substring (``kw in text``); ``z`` is the general block
+  followed by the block of every matched category, joined by a blank line; with no match,
+  ``z`` is the general block alone.
+* ``instruction`` (this toolkit's option), :meth:`SkillBank.retrieve`: keywords are
+  matched on the task instruction only, with the bank's own settings: a bank may ask for
+  whole-word matching (``"match": "word"``, plural ``s``/``es`` allowed), which the shipped
+  banks do so that "hat" does not fire on "that" nor "hair" on "chair".
+
+The paper uses SDAR's SkillBank: load SDAR's ``skills/<env>`` folder (through
+:func:`import_sdar`, e.g. ``skillbank=/path/to/SDAR/skills/webshop``). The shipped banks
+are written here, not SDAR's. A keyword may
 also be a list of words that must *all* occur. ``"select": "first"`` keeps only the first
 matched category (ALFWorld's task types are exclusive). A category may carry ``keys``
 (an ALFWorld task type, a Search-QA data source) for an exact lookup, as SDAR does with
@@ -279,25 +288,44 @@ class SkillBank:
             self._patterns[word] = pat
         return pat
 
-    def _has(self, text: str, word: str) -> bool:
-        if self.match == "substring":
+    def _has(self, text: str, word: str, match: MatchMode | None = None) -> bool:
+        if (match or self.match) == "substring":
             return word in text
         return self._word_pattern(word).search(text) is not None
 
-    def matches(self, category: Category, task: str) -> bool:
-        """Does any keyword of ``category`` occur in ``task`` (lower-cased)?"""
+    def matches(self, category: Category, task: str, *, match: MatchMode | None = None) -> bool:
+        """Does any keyword of ``category`` occur in ``task`` (lower-cased)? ``match`` overrides the bank's."""
         text = task.lower()
         for kw in category.keywords:
             if isinstance(kw, tuple):
-                if all(self._has(text, w) for w in kw):
+                if all(self._has(text, w, match) for w in kw):
                     return True
-            elif self._has(text, kw):
+            elif self._has(text, kw, match):
                 return True
         return False
 
     def matched_categories(self, task: str) -> list[Category]:
         found = [c for c in self.categories if c.keywords and self.matches(c, task)]
         return found[:1] if self.select == "first" else found
+
+    def retrieve_sdar(self, prompt_text: str, *, key: str | None = None) -> Retrieved:
+        """SDAR's keyword-matching retrieval (``SkillProvider.get_privileged_info_from_prompt``).
+
+        ``prompt_text`` is the whole student prompt of the turn (SDAR matches the decoded
+        prompt, so the observation, the admissible actions and the history can trigger a
+        category, not only the instruction). Lower-cased; a category matches when *any*
+        keyword is a plain substring (a keyword list: all of its words); *every* matching
+        category is kept, in bank order; with none, the general block alone. The bank's own
+        ``match``, ``select`` and ``fallback`` settings are ignored here: they belong to
+        :meth:`retrieve`. ``key`` (an ALFWorld game file, a Search-QA data source) takes
+        precedence as in SDAR's ``get_privileged_info`` / ``..._from_data_source``.
+        """
+        if key:
+            c = self._key_category(key)
+            if c is not None:
+                return self._assemble([c], "key")
+        cats = [c for c in self.categories if c.keywords and self.matches(c, prompt_text, match="substring")]
+        return self._assemble(cats, "keyword") if cats else self._assemble((), "general")
 
     def _key_category(self, key: str) -> Category | None:
         for c in self.categories:  # exact identifier first

@@ -2,12 +2,20 @@
 
 For every action-turn row, the teacher sees the student's prompt with the retrieved
 skill text ``z`` in front of it (SDAR's ``[Privileged Skill Information]`` block; the
-skill is retrieved from a SkillBank by keyword match on the task instruction) and
-scores the *same* response tokens the student sampled. It runs once per step, before
-the actor update, with the weights the rollout used; during the update its log-probs
-are constants (``sg`` in the paper). ``delta = teacher_logp - student_logp`` is formed
-in the actor at allocation time (:mod:`icsd_audit.train.actor`), with the student
-log-prob of that moment.
+skill is retrieved from a SkillBank by keyword match, ``skill_match``: on the whole
+student prompt as SDAR does, or on the task instruction) and scores the *same* response
+tokens the student sampled.
+
+**Timing (SDAR's choice).** By default the teacher runs once per step, before the actor
+update, with the weights the rollout used; during the update its log-probs are
+constants (``sg`` in the paper). ``delta = teacher_logp - student_logp`` is formed in the
+actor at allocation time (:mod:`icsd_audit.train.actor`) with the student log-prob of
+that moment, so after the first optimizer step of a step, delta pairs a current student
+with a rollout-time teacher. That is what SDAR's trainer does (one teacher
+``compute_log_prob`` per batch, before ``update_actor``). ``teacher_rescore=True`` instead
+re-scores the teacher rows of every mini-batch after the first with the current weights
+(one more no-grad forward over the teacher prompts per mini-batch), so that both sides
+of delta come from the same weights.
 
 :class:`NoTeacher` stands in for runs without distillation (``allocator="none"``): it
 costs nothing and reports no teacher.
@@ -33,22 +41,30 @@ class SelfTeacher:
     enabled = True
 
     def __init__(self, model: Any, builder: PromptBuilder, bank: SkillBank, *, skill_mode: str, micro_batch_rows: int,
-                 pad_id: int, device: torch.device, temperature: float, precision: str):
+                 pad_id: int, device: torch.device, temperature: float, precision: str, skill_match: str = "sdar"):
         self.model, self.builder, self.bank = model, builder, bank
         self.skill_mode = skill_mode
+        self.skill_match = skill_match
         self.micro_batch_rows = micro_batch_rows
         self.pad_id, self.device, self.temperature, self.precision = pad_id, device, temperature, precision
         self._skills: dict[tuple[str, str | None], str] = {}
         self.last_stats: dict[str, float] = {}
 
     def skill(self, task_text: str, key: str | None = None) -> str:
-        """The retrieved skill text z for a task instruction and optional exact key (cached)."""
+        """The retrieved skill text z for a task instruction and optional exact key (``skill_match='instruction'``; cached)."""
         if (task_text, key) not in self._skills:
             self._skills[(task_text, key)] = self.bank.retrieve(task_text, key=key, mode=self.skill_mode).text
         return self._skills[(task_text, key)]
 
+    def skill_for(self, row: TurnRow) -> str:
+        """The retrieved skill text z for one turn, by the configured rule (an exact ``ctx.key`` wins in both)."""
+        key = getattr(row.ctx, "key", None)
+        if self.skill_match == "sdar" and self.skill_mode == "match":
+            return self.bank.retrieve_sdar(self.builder.student_text(row.ctx), key=key).text
+        return self.skill(row.ctx.task, key)
+
     def prompts(self, rows: Sequence[TurnRow]) -> list[list[int]]:
-        return [self.builder.teacher(r.ctx, r.prompt_ids, self.skill(r.ctx.task, r.ctx.key))[0] for r in rows]
+        return [self.builder.teacher(r.ctx, r.prompt_ids, self.skill_for(r))[0] for r in rows]
 
     def score(self, rows: Sequence[TurnRow]) -> list[Tensor] | None:
         """Teacher log-probs of each row's response tokens (float32 CPU tensors)."""

@@ -46,7 +46,8 @@ def reference_allocate(
     beta: float = 5.0,
     perm: dict[int, int] | None = None,
 ) -> list[dict]:
-    """rows: dicts with batch, traj, turn, A, rho, delta, valid -> dicts g, u, m, c, fallback."""
+    """rows: dicts with batch, traj, turn, A, rho, delta, valid (and score_norm for fisher)
+    -> dicts g, u, m, c, fallback."""
     out = [dict(g=0.0, u=0.0, m=0.0, c=0.0, fallback=False) for _ in rows]
     live = [i for i, r in enumerate(rows) if r["valid"]]
     by_batch: dict[int, list[int]] = defaultdict(list)
@@ -79,7 +80,8 @@ def reference_allocate(
 
     def source(i: int) -> float:
         if allocator == "fisher":
-            return abs(rows[i]["A"] * rows[i]["rho"])
+            # SPEC 5: m = Phi_G(|advantage * ratio| * score_norm)
+            return abs(rows[i]["A"] * rows[i]["rho"]) * rows[i]["score_norm"]
         return out[i]["u"]
 
     if allocator in ("icsd", "fisher", "influence-only", "permuted"):

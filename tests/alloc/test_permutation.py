@@ -13,6 +13,7 @@ torch.set_num_threads(1)
 
 def test_columns_equal_permuted_allocator_exactly() -> None:
     t = to_tensors(make_rows(9, n_batches=3))
+    t.pop("score_norm")
     seeds = [0, 5, 17, 123]
     bulk = permuted_coefficients(**t, seeds=seeds)
     for j, s in enumerate(seeds):
@@ -22,6 +23,7 @@ def test_columns_equal_permuted_allocator_exactly() -> None:
 
 def test_permutation_controls_preserve_turn_mass() -> None:
     t = to_tensors(make_rows(2, n_batches=2))
+    t.pop("score_norm")
     bulk = permuted_coefficients(**t, seeds=range(6))
     g = allocate(**t, allocator="sdar").g
     key = t["batch_id"] * 10_000 + t["traj_id"] * 10 + t["turn_id"]

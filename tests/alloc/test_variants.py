@@ -41,9 +41,11 @@ def make_rows(seed: int, n_batches: int = 3) -> list[dict]:
                     delta = float(rng.choice([0.0, rng.standard_t(3), -abs(rng.normal()), 0.5]))
                     rows.append(dict(batch=b * 7, traj=t + 100, turn=q, A=adv,
                                      rho=float(np.exp(rng.normal(0, 0.05))), delta=delta,
-                                     valid=bool(rng.random() > 0.1)))
+                                     valid=bool(rng.random() > 0.1),
+                                     score_norm=float(rng.choice([0.0, rng.uniform(0, 1.4142)]))))
         # a turn made only of fallback-set tokens
-        rows += [dict(batch=b * 7, traj=999, turn=0, A=-1.0, rho=1.0, delta=-0.3 - 0.1 * k, valid=True) for k in range(4)]
+        rows += [dict(batch=b * 7, traj=999, turn=0, A=-1.0, rho=1.0, delta=-0.3 - 0.1 * k, valid=True,
+                      score_norm=0.5) for k in range(4)]
     order = rng.permutation(len(rows))
     return [rows[i] for i in order]
 
@@ -57,6 +59,7 @@ def to_tensors(rows: list[dict], dtype: torch.dtype = torch.float64) -> dict[str
         ratio=torch.tensor([r["rho"] for r in rows], dtype=dtype),
         delta=torch.tensor([r["delta"] for r in rows], dtype=dtype),
         valid=torch.tensor([r["valid"] for r in rows]),
+        score_norm=torch.tensor([r["score_norm"] for r in rows], dtype=dtype),
     )
 
 
@@ -215,10 +218,12 @@ def batches(draw: st.DrawFn) -> dict[str, torch.Tensor]:
     adv_turn = draw(st.lists(st.sampled_from([0.0, 1.0, -1.0, 0.3, -2.5]), min_size=20, max_size=20))
     delta = draw(st.lists(st.one_of(finite, st.just(0.0)), min_size=n, max_size=n))
     ratio = draw(st.lists(st.floats(0.5, 2.0), min_size=n, max_size=n))
+    score_norm = draw(st.lists(st.floats(0.0, 1.4142), min_size=n, max_size=n))
     return dict(
         traj_id=torch.tensor(traj), turn_id=torch.tensor(turn),
         advantage=torch.tensor([adv_turn[tr * 4 + tu] for tr, tu in zip(traj, turn)], dtype=torch.float64),
         ratio=torch.tensor(ratio, dtype=torch.float64), delta=torch.tensor(delta, dtype=torch.float64),
+        score_norm=torch.tensor(score_norm, dtype=torch.float64),
     )
 
 
@@ -268,3 +273,46 @@ def test_ordering_at_equal_trust(b: dict[str, torch.Tensor]) -> None:
         u, c = out.u[sel], out.c[sel]
         order = torch.argsort(u, stable=True)
         assert bool((c[order].diff() >= -1e-12).all())
+
+
+# --- fisher: the per-token score norm (SPEC 5, 2026-11-23) -----------------------------
+
+
+def test_fisher_refuses_input_without_score_norm() -> None:
+    t = to_tensors(make_rows(0))
+    t.pop("score_norm")
+    with pytest.raises(ValueError, match="score_norm"):
+        allocate(**t, allocator="fisher")
+    # the others ignore the column
+    allocate(**t, allocator="icsd")
+
+
+def test_fisher_no_longer_collapses_to_sdar_when_ratio_is_one() -> None:
+    """With rho = 1 the old |A*rho| score was constant over each turn and matching gave c = g
+    (the issue's 4e-16); with score_norm varying inside a turn, c differs from g."""
+    rows = make_rows(4)
+    for r in rows:
+        r["rho"] = 1.0
+    t = to_tensors(rows)
+    out = allocate(**t, allocator="fisher")
+    g = allocate(**t, allocator="sdar").c
+    assert float((out.c - g).abs().max()) > 1e-3
+    # and with a constant score_norm it collapses again (per-turn constant cancelled)
+    t["score_norm"] = torch.full_like(t["score_norm"], 0.7)
+    assert float((allocate(**t, allocator="fisher").c - g).abs().max()) < 1e-12
+
+
+def test_fisher_hand_worked_single_turn() -> None:
+    # one batch, one trajectory, one turn of 8 tokens (one calibration group, min_group 8),
+    # A = 1, rho = 1, delta > 0 for all (no fallback), uniform trust g = 1.
+    # x = |A rho| * s = s = [0.1, 0.2, ..., 0.8]; median = 0.45; b- = mean(0.35,0.25,0.15,0.05) = 0.2,
+    # b+ = 0.2; m_j = 0.5 exp((x-0.45)/0.2) below, 1 - 0.5 exp(-(x-0.45)/0.2) above;
+    # c = 8 * m / sum(m).
+    s = [0.1 * k for k in range(1, 9)]
+    m = [0.5 * math.exp((x - 0.45) / 0.2) if x < 0.45 else 1 - 0.5 * math.exp(-(x - 0.45) / 0.2) for x in s]
+    want = [8 * v / sum(m) for v in m]
+    out = allocate(advantage=torch.ones(8, dtype=torch.float64), ratio=torch.ones(8, dtype=torch.float64),
+                   delta=torch.full((8,), 0.3, dtype=torch.float64), traj_id=torch.zeros(8, dtype=torch.long),
+                   turn_id=torch.zeros(8, dtype=torch.long), allocator="fisher", trust="uniform",
+                   score_norm=torch.tensor(s, dtype=torch.float64))
+    assert out.c.tolist() == pytest.approx(want, rel=1e-12)

@@ -337,3 +337,48 @@ def test_webshop_bank_covers_the_builtin_catalogue():
         if not bank.retrieve(f"i am looking for {t.name}, and price lower than 40.00 dollars").categories
     ]
     assert missed == []
+
+
+# ----------------------------------------------------------------------------- SDAR's rule (default)
+
+
+def test_retrieve_sdar_is_substring_on_the_whole_prompt_whatever_the_bank_says():
+    word = SkillBank.from_dict(bank_dict(match="word", select="first", fallback="other"))
+    # the bank's own rule: whole words, first match, fallback
+    assert word.retrieve("is that cheap").categories == ("other",)
+    # SDAR's rule: plain substrings ("that" contains "hat"), every match, no fallback
+    assert word.retrieve_sdar("is that cheap").categories == ("hats",)
+    assert word.retrieve_sdar("a hat and a shoe").categories == ("shoes", "hats")
+    r = word.retrieve_sdar("a lamp")
+    assert r.categories == () and r.how == "general" and r.text == GENERAL
+    assert word.retrieve_sdar("a shoe", key="headwear").categories == ("hats",)
+
+
+def test_retrieve_sdar_matches_sdar_reference_on_full_prompts(sdar_folder):
+    bank = import_sdar(sdar_folder)
+    prompt = ("<|im_start|>user\nYour task is to: buy a blue lamp.\nCurrent observation: Search results: "
+              "[SEP] Leather Boot [SEP] $40\nAdmissible actions: click[b0x]<|im_end|>")
+    # the instruction alone names no category; the observation names "boot"
+    assert bank.retrieve("buy a blue lamp").categories == ()
+    assert bank.retrieve_sdar(prompt).categories == ("footwear",)
+    assert bank.retrieve_sdar(prompt).text == sdar_reference(sdar_folder, prompt)
+
+
+def test_teacher_uses_the_configured_rule():
+    from types import SimpleNamespace
+
+    from icsd_audit.train.teacher import SelfTeacher
+
+    bank = SkillBank.from_dict(bank_dict(match="word"))
+    ctx = SimpleNamespace(task="buy a lamp")
+
+    class Builder:
+        def student_text(self, c):
+            return f"task: {c.task}\nobservation: results [SEP] Boot Shop"
+
+    row = SimpleNamespace(ctx=ctx)
+    kw = dict(skill_mode="match", micro_batch_rows=1, pad_id=0, device=None, temperature=1.0, precision="float32")
+    sdar = SelfTeacher(None, Builder(), bank, skill_match="sdar", **kw)
+    ours = SelfTeacher(None, Builder(), bank, skill_match="instruction", **kw)
+    assert sdar.skill_for(row) == GENERAL + "\n\n" + SHOES  # "boot" in the observation
+    assert ours.skill_for(row) == GENERAL  # nothing in the instruction
