@@ -18,22 +18,42 @@ micro-batches reproduces a single big-batch token mean exactly (verl averages pe
 micro-batch and divides by the number of micro-batches, which weights tokens of short
 micro-batches more).
 
-**Where the ratio for the allocation comes from.** ``c`` depends, through
-``u = A * rho * delta``, on the ratio of *every* token of the mini-batch at the moment
-of the update, but the gradient pass sees one micro-batch at a time. Before the
-gradient micro-batches, :meth:`Actor.update` runs a no-grad forward pass over the same
-micro-batches (same rows, same padding, same order, so the numbers are the ones the
-gradient pass will compute) to get the current log-probs, forms ``rho = exp(logp -
-old_logp)`` and ``delta = teacher_logp - logp``, allocates once over the whole
-mini-batch, then runs the gradient micro-batches with ``c`` fixed. On a step's first
-mini-batch the weights are still the rollout weights, so ``rho = 1`` exactly and
-``logp = old_logp``; that pass is skipped (``skip_first_prepass``). Cost: one extra
-no-grad forward per mini-batch after the first, about a third of that mini-batch's
-forward+backward (docs/training.md has the measured figures). The dump records the
-``ratio``, ``delta`` and ``logp`` that entered the allocation, and ``train_logp`` from
-the gradient pass. With a ``sketcher`` (``sketch_k > 0``), a dumped mini-batch's gradient
-micro-batches also yield per-token gradient sketches (:mod:`.sketching`), dumped as
-``sketch.<layer>.out|in`` in the same row layout.
+**Where the ratio for the allocation comes from** (``alloc_scope``). ``c`` depends,
+through ``u = A * rho * delta``, on the current ratio of the tokens it is fitted over,
+but the gradient pass sees one micro-batch at a time. Two scopes:
+
+* ``mini-batch`` (default; the SPEC's ``batch_id`` = actor mini-batch): before the
+  gradient micro-batches, a no-grad forward pass over the same micro-batches (same rows,
+  padding and order, so the numbers are the ones the gradient pass will compute) gives
+  the current log-probs; ``rho = exp(logp - old_logp)``, ``delta = teacher_logp - logp``;
+  one allocation over the whole mini-batch; then the gradient micro-batches run with
+  ``c`` fixed. On a step's first mini-batch the weights are still the rollout weights, so
+  ``rho = 1`` exactly and ``logp = old_logp``: the pass is skipped
+  (``skip_first_prepass``), except for an allocator that reads the score norm
+  (``fisher``), which only a forward gives. Cost: one extra no-grad forward per
+  mini-batch after the first (docs/benchmarks.md has the measured figures).
+* ``micro-batch`` (the paper's "no extra forward or backward pass"; what a verl
+  integration sees, since verl's actor computes the loss per micro-batch): each gradient
+  micro-batch allocates from its own forward (detached log-probs and score norms), with
+  ``batch_id = 1000 * mini-batch id + micro-batch index`` (:func:`micro_batch_id`). What
+  changes: the trust fit of SDAR's ``g``, the calibration groups (a turn index pooled
+  across trajectories) and the batch-wide fallback fit see only the micro-batch's rows
+  (``micro_batch_rows``, rows sorted by length), so groups are smaller and fall back to
+  the micro-batch fit more often; the turn mass matching is unchanged (a turn is one row,
+  never split). The ratio is the gradient pass's own, so ``alloc_ratio_gap`` is 0.
+
+The per-token score norm ``s_t = ||onehot(a_t) - softmax(z_t)||`` (SPEC 1, ``fisher``)
+comes from the logits of the pass that gave ``logp`` (pre-pass, or the gradient forward
+in micro-batch scope); on a skipped pre-pass, from the gradient forward (the rollout
+weights). It costs no extra pass. The teacher log-probs are the step's (rollout
+weights, SDAR's timing) unless ``teacher_rescore`` re-scores the teacher rows of every
+mini-batch after the first with the current weights (one more no-grad forward over the
+teacher prompts per mini-batch).
+
+The dump records the ``ratio``, ``delta``, ``score_norm`` and ``logp`` that entered the
+allocation, and ``train_logp`` from the gradient pass. With a ``sketcher`` (``sketch_k >
+0``), a dumped mini-batch's gradient micro-batches also yield per-token gradient
+sketches (:mod:`.sketching`), dumped as ``sketch.<layer>.out|in`` in the same row layout.
 
 The allocation itself runs in float64 on the float32-rounded inputs, in the dump's row
 order (batch, trajectory, turn, position), so ``icsd audit coeffs`` on the dump
@@ -69,6 +89,8 @@ __all__ = [
     "StepData",
     "Actor",
     "batch_id_for",
+    "micro_batch_id",
+    "ALLOC_SCOPES",
 ]
 
 
@@ -146,18 +168,22 @@ class Distillation:
     def __init__(self, *, allocator: str, trust: str, trust_beta: float, eps: float, min_group: int, seed: int, coef: float):
         from icsd_audit.alloc.variants import get_allocator
 
-        get_allocator(allocator)  # fail early with the list of valid names
+        spec = get_allocator(allocator)  # fail early with the list of valid names
         self.kwargs = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, eps=eps, min_group=min_group, seed=seed)
         self.coef = float(coef)
+        #: The allocator reads the per-token score norm (``fisher``): it must exist before allocating.
+        self.needs_score_norm = "score_norm" in spec.requires
 
     def allocate(self, *, advantage: Tensor, ratio: Tensor, delta: Tensor, traj_id: Tensor, turn_id: Tensor,
-                 batch_id: int) -> Allocation:
+                 batch_id: int, score_norm: Tensor | None = None) -> Allocation:
         """float64 allocation of float32-rounded inputs (what the dump stores)."""
         a = advantage.float().double()
         r = ratio.float().double()
         d = delta.float().double()
+        sn = None if score_norm is None else score_norm.float().double()
         b = torch.full_like(traj_id, int(batch_id))
-        return allocate(advantage=a, ratio=r, delta=d, traj_id=traj_id, turn_id=turn_id, batch_id=b, **self.kwargs)
+        return allocate(advantage=a, ratio=r, delta=d, traj_id=traj_id, turn_id=turn_id, batch_id=b, score_norm=sn,
+                        **self.kwargs)
 
 
 class NoDistillation:
@@ -165,6 +191,7 @@ class NoDistillation:
 
     enabled = False
     coef = 0.0
+    needs_score_norm = False
 
 
 def make_distillation(cfg: Any) -> Distillation | NoDistillation:
@@ -179,6 +206,18 @@ def make_distillation(cfg: Any) -> Distillation | NoDistillation:
 # --------------------------------------------------------------------------------------
 
 
+def _concat_allocations(parts: list[tuple[slice, Allocation]], n: int) -> Allocation:
+    """One layout-order Allocation from the allocations of consecutive token slices."""
+    if len(parts) == 1:
+        return parts[0][1]
+    first = parts[0][1]
+    out = {k: torch.empty(n, dtype=getattr(first, k).dtype) for k in ("g", "u", "m", "c", "fallback")}
+    for sl, a in parts:
+        for k in out:
+            out[k][sl] = getattr(a, k)
+    return Allocation(diagnostics=first.diagnostics, **out)
+
+
 @dataclass
 class StepData:
     """One step's rows as the actor needs them (row-indexed lists, float32 CPU tensors)."""
@@ -191,6 +230,8 @@ class StepData:
     turn: Tensor  # (rows,) int64
     teacher_logp: list[Tensor] | None = None
     ref_logp: list[Tensor] | None = None
+    #: The teacher's prompt ids per row (only needed for ``teacher_rescore``).
+    teacher_prompts: list[list[int]] | None = None
     #: Per-row values copied onto every token of the row in the dump (task, rollout, reward, ...).
     row_columns: dict[str, Sequence[Any]] = field(default_factory=dict)
 
@@ -216,6 +257,16 @@ class _Timer:
 
 DumpSink = Callable[[str, dict[str, Any]], None]
 
+#: Where the allocation is computed (see the module docstring).
+ALLOC_SCOPES = ("mini-batch", "micro-batch")
+
+
+def micro_batch_id(mini_batch_id: int, j: int) -> int:
+    """``batch_id`` of the j-th micro-batch of a mini-batch under ``alloc_scope='micro-batch'``."""
+    if not 0 <= j < 1000:
+        raise ValueError(f"at most 1000 micro-batches per mini-batch; got index {j}")
+    return int(mini_batch_id) * 1000 + int(j)
+
 
 class Actor:
     """Runs the PPO epochs of one step over mini-batches with gradient accumulation."""
@@ -224,7 +275,11 @@ class Actor:
                  dual_clip: float, kl_coef: float, temperature: float, mini_batch_rows: int, micro_batch_rows: int,
                  ppo_epochs: int, grad_clip: float, skip_first_prepass: bool, shuffle_rows: bool, seed: int,
                  pad_id: int, device: torch.device, precision: str = "float32",
-                 sketcher: GradientSketcher | None = None):
+                 sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
+                 teacher_rescore: bool = False):
+        if alloc_scope not in ALLOC_SCOPES:
+            raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
+        self.alloc_scope, self.teacher_rescore = alloc_scope, teacher_rescore
         self.model, self.opt, self.distill = model, optimizer, distill
         self.sketcher = sketcher  # per-token gradient sketches of dumped mini-batches (None: off)
         self.clip_ratio, self.dual_clip, self.kl_coef = clip_ratio, dual_clip, kl_coef
@@ -298,6 +353,30 @@ class Actor:
     def _gather(self, rows: Sequence[int], per_row: list[Tensor]) -> Tensor:
         return torch.cat([per_row[i] for i in rows]) if rows else torch.zeros(0)
 
+    def _teacher_now(self, rows: list[int], data: StepData, timer: _Timer) -> Tensor:
+        """``teacher_rescore``: the teacher's log-probs of ``rows`` under the current weights."""
+        assert data.teacher_prompts is not None, "teacher_rescore needs StepData.teacher_prompts"
+        t0 = time.perf_counter()
+        tp = data.teacher_prompts
+        order = sorted(rows, key=lambda i: (len(tp[i]) + len(data.responses[i]), i))
+        per_row = score_rows(self.model, tp, data.responses, split_rows(order, self.micro_batch_rows),
+                             pad_id=self.pad_id, device=self.device, temperature=self.temperature,
+                             precision=self.precision)
+        timer.add("teacher_rescore", time.perf_counter() - t0)
+        return self._gather(rows, per_row)
+
+    def _allocate_canonical(self, *, adv: Tensor, ratio: Tensor, delta: Tensor, traj: Tensor, turn: Tensor,
+                            pos: Tensor, bid: int, score_norm: Tensor | None) -> Allocation:
+        """Allocate in the canonical (dump) order trajectory, turn, position; return in layout order."""
+        canon = torch.from_numpy(np.lexsort((pos.numpy(), turn.numpy(), traj.numpy())))
+        a = self.distill.allocate(advantage=adv[canon], ratio=ratio[canon], delta=delta[canon], traj_id=traj[canon],
+                                  turn_id=turn[canon], batch_id=bid,
+                                  score_norm=None if score_norm is None else score_norm[canon])
+        inv = torch.empty_like(canon)
+        inv[canon] = torch.arange(canon.numel())
+        return Allocation(g=a.g[inv], u=a.u[inv], m=a.m[inv], c=a.c[inv], fallback=a.fallback[inv],
+                          diagnostics=a.diagnostics)
+
     def _mini_batch(self, step: int, epoch: int, k: int, bid: int, mb: list[int], data: StepData, first: bool,
                     timer: _Timer, sketch: bool = False) -> tuple[dict[str, float], dict[str, Any] | None]:
         micro = self.micro_batches(mb, data)
@@ -313,55 +392,68 @@ class Actor:
         traj = data.traj[rows_t][row_of_tok]
         turn = data.turn[rows_t][row_of_tok]
         teacher = self._gather(rows, data.teacher_logp) if data.teacher_logp is not None else None
+        if teacher is not None and self.teacher_rescore and not first:
+            teacher = self._teacher_now(rows, data, timer)
         ref = self._gather(rows, data.ref_logp) if data.ref_logp is not None else None
         starts = torch.cumsum(lens, 0) - lens
         pos = torch.arange(n_tok) - starts[row_of_tok]
+        micro_scope = self.distill.enabled and self.alloc_scope == "micro-batch"
 
-        # ---- ratio and delta at the moment of allocation; allocation over the whole mini-batch
-        c = None
-        alloc: Allocation | None = None
+        # ---- ratio, delta and score norm at the moment of allocation
+        c: Tensor | None = None
         cur = old.clone()
         ratio_alloc = torch.ones_like(old)
-        if self.distill.enabled:
-            if not (first and self.skip_first_prepass):
+        score_norm = torch.zeros_like(old)
+        delta: Tensor | None = None
+        allocs: list[tuple[slice, Allocation]] = []
+        batch_ids = np.full(n_tok, bid, dtype=np.int64)
+        prepass = False
+        if self.distill.enabled and not micro_scope:
+            # mini-batch scope: one allocation over the whole mini-batch. The pre-pass is
+            # skipped on a step's first mini-batch (ratio = 1 exactly) unless the allocator
+            # needs the score norm, which only a forward pass gives.
+            prepass = not (first and self.skip_first_prepass and not self.distill.needs_score_norm)
+            if prepass:
                 t0 = time.perf_counter()
+                sn_rows: dict[int, Tensor] = {}
                 per_row = score_rows(self.model, data.prompts, data.responses, micro, pad_id=self.pad_id,
-                                     device=self.device, temperature=self.temperature, precision=self.precision)
+                                     device=self.device, temperature=self.temperature, precision=self.precision,
+                                     score_norms=sn_rows)
                 cur = self._gather(rows, per_row)
+                score_norm = self._gather(rows, sn_rows)
                 ratio_alloc = torch.exp((cur - old).clamp(-20.0, 20.0))
                 timer.add("prepass", time.perf_counter() - t0)
             assert teacher is not None
             delta = (teacher - cur).float()
             t0 = time.perf_counter()
-            # canonical (dump) order: trajectory, turn, position
-            canon = torch.from_numpy(np.lexsort((pos.numpy(), turn.numpy(), traj.numpy())))
-            alloc_c = self.distill.allocate(advantage=adv[canon], ratio=ratio_alloc[canon], delta=delta[canon],
-                                            traj_id=traj[canon], turn_id=turn[canon], batch_id=bid)
-            inv = torch.empty_like(canon)
-            inv[canon] = torch.arange(canon.numel())
-            alloc = Allocation(g=alloc_c.g[inv], u=alloc_c.u[inv], m=alloc_c.m[inv], c=alloc_c.c[inv],
-                               fallback=alloc_c.fallback[inv], diagnostics=alloc_c.diagnostics)
-            c = alloc.c.float()
+            whole = self._allocate_canonical(adv=adv, ratio=ratio_alloc, delta=delta, traj=traj, turn=turn, pos=pos,
+                                             bid=bid, score_norm=score_norm if self.distill.needs_score_norm else None)
+            allocs.append((slice(0, n_tok), whole))
+            c = whole.c.float()
             timer.add("allocation", time.perf_counter() - t0)
-        else:
-            delta = None
+        elif micro_scope:
+            c = torch.zeros_like(old)
+            delta = torch.zeros_like(old)
 
-        # ---- gradient micro-batches
+        # ---- gradient micro-batches (in micro-batch scope each one allocates from its own forward)
         t0 = time.perf_counter()
         self.model.train(False)  # no dropout: the pre-pass and the gradient pass see the same function
         self.opt.zero_grad(set_to_none=True)
         dev = self.device
         train_logp = torch.empty_like(old)
+        # the gradient forward's score norms are kept where no earlier pass gave them
+        want_sn = self.distill.enabled and not prepass
         sums = dict(pg=0.0, kl=0.0, kd=0.0, aux=0.0, clipped=0.0, dual=0.0, ppo_kl=0.0, loss=0.0)
         off = 0
         sketcher = self.sketcher if (sketch and self.distill.enabled) else None
         sketches: list[SketchResult] = []
         hooks = sketcher if sketcher is not None else nullcontext()
-        for m in micro:
+        for j, m in enumerate(micro):
             packed = pack([data.prompts[i] for i in m], [data.responses[i] for i in m], pad_id=self.pad_id, device=dev)
             with hooks:  # attached for this forward only
                 with autocast_for(dev, self.precision):
-                    lp2d = response_logprobs(self.model, packed, temperature=self.temperature)
+                    out = response_logprobs(self.model, packed, temperature=self.temperature, with_score_norm=want_sn)
+                    lp2d, sn2d = out if want_sn else (out, None)
                 if sketcher is not None:  # before the backward: collect reads the graph, keeps it
                     t1 = time.perf_counter()
                     sketches.append(response_sketch(sketcher, packed, lp2d).to("cpu"))
@@ -369,6 +461,23 @@ class Actor:
             logp = lp2d[packed.response_mask]
             sl = slice(off, off + logp.numel())
             off += logp.numel()
+            if sn2d is not None:
+                score_norm[sl] = sn2d[packed.response_mask].float().cpu()
+            if micro_scope:
+                # allocation from this micro-batch's own forward: no extra pass
+                t1 = time.perf_counter()
+                assert teacher is not None and c is not None and delta is not None
+                cur[sl] = logp.detach().float().cpu()
+                ratio_alloc[sl] = torch.exp((cur[sl] - old[sl]).clamp(-20.0, 20.0))
+                delta[sl] = (teacher[sl] - cur[sl]).float()
+                mbid = micro_batch_id(bid, j)
+                part = self._allocate_canonical(adv=adv[sl], ratio=ratio_alloc[sl], delta=delta[sl], traj=traj[sl],
+                                                turn=turn[sl], pos=pos[sl], bid=mbid,
+                                                score_norm=score_norm[sl] if self.distill.needs_score_norm else None)
+                allocs.append((sl, part))
+                c[sl] = part.c.float()
+                batch_ids[sl] = mbid
+                timer.add("allocation", time.perf_counter() - t1)
             tl = token_losses(
                 logp=logp, old_logp=old[sl].to(dev), advantage=adv[sl].to(dev),
                 ref_logp=None if ref is None else ref[sl].to(dev),
@@ -417,29 +526,33 @@ class Actor:
             "mini_batches": 1.0,
         }
         gap = float((ratio_train - ratio_alloc).abs().max())
-        # max |train ratio - allocation ratio|: 0 when the pre-pass ran (same numbers as the
-        # gradient pass); on a skipped pre-pass, the sampler-vs-forward numeric difference
-        mm["alloc_ratio_gap_skipped" if (first and self.skip_first_prepass) else "alloc_ratio_gap"] = gap
-        if alloc is None:
+        # max |train ratio - allocation ratio|: 0 when the allocation saw the gradient pass's
+        # numbers (pre-pass or micro-batch scope); on a skipped pre-pass, the sampler-vs-
+        # forward numeric difference
+        skipped = self.distill.enabled and not micro_scope and not prepass
+        mm["alloc_ratio_gap_skipped" if skipped else "alloc_ratio_gap"] = gap
+        if not allocs:
             return mm, None
-        d = alloc.diagnostics
+        assert delta is not None and teacher is not None
+        alloc = _concat_allocations(allocs, n_tok)
         mm.update({
-            "fallback_share": d.fallback_share * 1.0,
-            "degenerate_turns": float(d.degenerate_turns),
-            "groups_batch_stats": float(d.groups_batch_stats),
-            "groups_fixed_map": float(d.groups_fixed_map),
+            "fallback_share": float(alloc.fallback.float().mean()),
+            "degenerate_turns": float(sum(a.diagnostics.degenerate_turns for _, a in allocs)),
+            "groups_batch_stats": float(sum(a.diagnostics.groups_batch_stats for _, a in allocs)),
+            "groups_fixed_map": float(sum(a.diagnostics.groups_fixed_map for _, a in allocs)),
             "c_over_g": float(alloc.c.sum() / alloc.g.sum()) if float(alloc.g.sum()) > 0 else float("nan"),
             "delta_mean": float(delta.mean()),
             "delta_pos_share": float((delta > 0).float().mean()),
-            "prepass_skipped": float(first and self.skip_first_prepass),
+            "prepass_skipped": float(skipped),
         })
         cols: dict[str, Any] = {
-            "batch_id": np.full(n_tok, bid, dtype=np.int64),
+            "batch_id": batch_ids,
             "traj_id": traj.numpy(),
             "turn_id": turn.numpy().astype(np.int32),
             "advantage": adv.numpy().astype(np.float32),
             "ratio": ratio_alloc.numpy().astype(np.float32),
             "delta": delta.numpy().astype(np.float32),
+            "score_norm": score_norm.numpy().astype(np.float32),
             "valid": np.ones(n_tok, dtype=bool),
             "pos": pos.numpy().astype(np.int32),
             "token_id": np.concatenate([np.asarray(data.responses[i], dtype=np.int32) for i in rows]),

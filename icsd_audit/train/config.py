@@ -179,7 +179,11 @@ class TrainConfig:
     alloc_seed: int = 0
     """Seed of the 'permuted' allocator (the same for every mini-batch, so an audit with --seed reproduces it)."""
     skip_first_prepass: bool = True
-    """Skip the no-grad ratio pass on a step's first mini-batch, where the policy is still the rollout policy (ratio = 1 exactly)."""
+    """Skip the no-grad ratio pass on a step's first mini-batch, where the policy is still the rollout policy (ratio = 1 exactly); not for 'fisher', which needs the pass's score norms."""
+    alloc_scope: str = "mini-batch"
+    """Where the allocation is fitted: 'mini-batch' (the SPEC's batch: one allocation per actor mini-batch from a no-grad ratio pre-pass) or 'micro-batch' (each gradient micro-batch allocates from its own forward: no extra pass, as the paper and a verl integration do; batch_id = 1000 * mini-batch id + micro index)."""
+    teacher_rescore: bool = False
+    """Re-score the teacher with the current weights on every mini-batch after a step's first (one extra no-grad teacher forward per mini-batch); False keeps SDAR's timing: the teacher is scored once per step with the rollout weights."""
 
     # ------------------------------------------------------------------ outputs
     dump_every: int = 1
@@ -239,8 +243,13 @@ class TrainConfig:
             "seed": self.alloc_seed,
             "lambda": self.effective_distill_coef,
             "compute_dtype": "float64 from float32-rounded inputs",
-            "ratio_source": "no-grad pass over the mini-batch's micro-batches"
-            + ("; 1 exactly on a step's first mini-batch" if self.skip_first_prepass else ""),
+            "alloc_scope": self.alloc_scope,
+            "ratio_source": ("the gradient micro-batch's own forward" if self.alloc_scope == "micro-batch" else
+                             "no-grad pass over the mini-batch's micro-batches"
+                             + ("; 1 exactly on a step's first mini-batch" if self.skip_first_prepass
+                                and self.allocator != "fisher" else "")),
+            "teacher_logp": ("re-scored with the current weights per mini-batch" if self.teacher_rescore
+                             else "scored once per step with the rollout weights (SDAR)"),
         }
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -330,6 +339,8 @@ class TrainConfig:
             need(self.distill_enabled and self.dump_every > 0,
                  f"sketch_k={self.sketch_k} but this run writes no dumps (allocator={self.allocator!r}, "
                  f"dump_every={self.dump_every}); pick an allocator other than 'none' and dump_every >= 1, or set sketch_k=0")
+        need(self.alloc_scope in ("mini-batch", "micro-batch"),
+             f"alloc_scope={self.alloc_scope!r}: choose 'mini-batch' or 'micro-batch'")
         need(self.micro_batch_rows <= self.mini_batch_rows,
              f"micro_batch_rows={self.micro_batch_rows} exceeds mini_batch_rows={self.mini_batch_rows}; lower micro_batch_rows")
         from icsd_audit.envs import ENV_NAMES

@@ -13,6 +13,14 @@ whole sequence: the vocabulary projection is then paid on response positions alo
 Position ids are counted from each row's first real token, as ``generate`` does.
 Log-probs are taken from ``logits / temperature`` in float32 (verl divides by the
 rollout temperature too), via ``gather - logsumexp``.
+
+``with_score_norm=True`` also returns, from the same logits and without gradient, the
+per-token *score norm* s_t = ||onehot(a_t) - softmax(z_t)||_2, the norm of the sampled
+token's log-probability gradient with respect to the (temperature-scaled) logits (SPEC
+1 and 5, used by the ``fisher`` allocator). It is computed as
+sqrt((1 - p_a)^2 + sum_{j != a} p_j^2), with 1 - p_a = -expm1(logp) and the second sum from
+a logsumexp over the logits with the sampled one masked, which equals SPEC's
+sqrt(1 - 2 p_a + sum_j p_j^2) without its cancellation for confident tokens.
 """
 
 from __future__ import annotations
@@ -66,8 +74,25 @@ def autocast_for(device: torch.device, precision: str) -> Any:
     return nullcontext()
 
 
-def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0) -> Tensor:
-    """(B, R) float32 log-probs of the response tokens (0 at padding); differentiable."""
+def score_norm_from_logits(logits: Tensor, ids: Tensor, logp: Tensor, lse: Tensor) -> Tensor:
+    """||onehot(ids) - softmax(logits)||_2 per position (no grad), float32.
+
+    ``logits`` (..., V) float32, ``ids`` (...) the sampled tokens, ``logp`` and ``lse`` the
+    sampled log-probs and the logsumexp already computed from the same logits.
+    """
+    with torch.no_grad():
+        masked = (2.0 * logits.detach()).scatter_(-1, ids.unsqueeze(-1), float("-inf"))
+        rest = torch.exp(torch.logsumexp(masked, dim=-1) - 2.0 * lse.detach())  # sum_{j != a} p_j^2
+        one_minus = -torch.expm1(logp.detach())  # 1 - p_a
+        return torch.sqrt(one_minus * one_minus + rest)
+
+
+def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0,
+                      with_score_norm: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """(B, R) float32 log-probs of the response tokens (0 at padding); differentiable.
+
+    With ``with_score_norm``: ``(logp, score_norm)``, the second (B, R), detached, 0 at padding.
+    """
     R = packed.response_ids.shape[1]
     out = model(
         input_ids=packed.input_ids,
@@ -80,8 +105,12 @@ def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0) -
     if temperature != 1.0:
         logits = logits / temperature
     picked = logits.gather(-1, packed.response_ids.unsqueeze(-1)).squeeze(-1)
-    logp = picked - torch.logsumexp(logits, dim=-1)
-    return logp.masked_fill(~packed.response_mask, 0.0)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = (picked - lse).masked_fill(~packed.response_mask, 0.0)
+    if not with_score_norm:
+        return logp
+    sn = score_norm_from_logits(logits, packed.response_ids, logp, lse).masked_fill(~packed.response_mask, 0.0)
+    return logp, sn
 
 
 def split_rows(rows: Sequence[int], size: int) -> list[list[int]]:
@@ -100,16 +129,24 @@ def score_rows(
     device: torch.device,
     temperature: float,
     precision: str = "float32",
+    score_norms: dict[int, Tensor] | None = None,
 ) -> dict[int, Tensor]:
     """No-grad log-probs of the response tokens of the rows named in ``micro_batches``.
 
-    Returns ``{row: float32 CPU tensor}`` (rows index ``prompts``/``responses``).
+    Returns ``{row: float32 CPU tensor}`` (rows index ``prompts``/``responses``). When a
+    ``score_norms`` dict is given, it is filled with each row's score norms (same logits).
     """
     out: dict[int, Tensor] = {}
     with torch.no_grad(), autocast_for(device, precision):
         for mb in micro_batches:
             packed = pack([prompts[i] for i in mb], [responses[i] for i in mb], pad_id=pad_id, device=device)
-            lp = response_logprobs(model, packed, temperature=temperature).cpu()
+            if score_norms is None:
+                lp = response_logprobs(model, packed, temperature=temperature).cpu()
+            else:
+                lp_d, sn_d = response_logprobs(model, packed, temperature=temperature, with_score_norm=True)
+                lp, sn = lp_d.cpu(), sn_d.cpu()
+                for j, i in enumerate(mb):
+                    score_norms[i] = sn[j, : packed.lengths[j]].clone()
             for j, i in enumerate(mb):
                 out[i] = lp[j, : packed.lengths[j]].clone()
     return out

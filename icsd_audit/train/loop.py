@@ -12,7 +12,8 @@ Each step, top to bottom:
 4. **Teacher pass** (:mod:`.teacher`): the same weights, no grad, skill text prepended.
 5. **Reference pass**: the frozen initial policy, no grad (skipped when ``kl_coef`` = 0).
 6. **Actor update** (:mod:`.actor`): per mini-batch, the ratio pre-pass, one allocation
-   over the whole mini-batch, gradient micro-batches, one optimizer step; the
+   over the whole mini-batch (or, ``alloc_scope='micro-batch'``, one allocation per
+   gradient micro-batch from its own forward), gradient micro-batches, one optimizer step; the
    mini-batch's per-token rows go to the dump (with per-token gradient sketches when
    ``sketch_k`` > 0, :mod:`.sketching`).
 7. **Metrics** (one JSONL record), **evaluation** on held-out instructions and
@@ -32,8 +33,8 @@ body only calls what was looked up.
   batch and divides by the number of micro-batches.
 * The allocation is computed once per actor mini-batch over all of its tokens with the
   ratio at that moment (a no-grad pre-pass; SDAR's public code allocates per micro-
-  batch); its exact inputs and outputs are dumped for every mini-batch, not only the
-  last micro-batch's metrics.
+  batch, which ``alloc_scope='micro-batch'`` does); its exact inputs and outputs are
+  dumped for every mini-batch, not only the last micro-batch's metrics.
 * SDAR wires self-distillation into GRPO only; here it composes with GRPO and GiGPO.
 * The model stays in eval mode (no dropout) during the update, so the pre-pass and the
   gradient pass compute the same log-probs.
@@ -263,7 +264,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                   kl_coef=cfg.kl_coef, temperature=cfg.temperature, mini_batch_rows=cfg.mini_batch_rows,
                   micro_batch_rows=cfg.micro_batch_rows, ppo_epochs=cfg.ppo_epochs, grad_clip=cfg.grad_clip,
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
-                  pad_id=pad_id, device=device, precision=precision, sketcher=sketcher)
+                  pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
+                  alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
     writer = (_dump_writer(cfg, out, start, sketcher, env_data=getattr(envs[0], "data_info", None))
               if (distill.enabled and cfg.dump_every) else None)
@@ -292,6 +294,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
             data.old_logp = old_logp_pass(step, data)
         with phase("teacher"):
             data.teacher_logp = teacher.score(batch.rows)
+            data.teacher_prompts = teacher.last_prompts if cfg.teacher_rescore else None
         with phase("reference"):
             data.ref_logp = reference.score(data.prompts, data.responses, cfg.micro_batch_rows)
         sink = None
@@ -393,6 +396,7 @@ def _record(step: int, batch: RolloutBatch, adv_m: dict[str, float], actor_m: di
     rec["time/dump"] = dump_t
     rec["time/allocation"] = actor_t.get("allocation", 0.0)
     rec["time/prepass"] = actor_t.get("prepass", 0.0)
+    rec["time/teacher_rescore"] = actor_t.get("teacher_rescore", 0.0)
     rec["time/actor_grad"] = actor_t.get("grad", 0.0)  # gradient micro-batches, sketching included
     rec["time/sketch"] = actor_t.get("sketch", 0.0)
     rec["time/generate"] = batch.timings.get("generate", 0.0)

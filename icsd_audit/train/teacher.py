@@ -49,6 +49,8 @@ class SelfTeacher:
         self.pad_id, self.device, self.temperature, self.precision = pad_id, device, temperature, precision
         self._skills: dict[tuple[str, str | None], str] = {}
         self.last_stats: dict[str, float] = {}
+        #: The privileged prompt ids of the last scored rows (for ``teacher_rescore``).
+        self.last_prompts: list[list[int]] | None = None
 
     def skill(self, task_text: str, key: str | None = None) -> str:
         """The retrieved skill text z for a task instruction and optional exact key (``skill_match='instruction'``; cached)."""
@@ -69,6 +71,7 @@ class SelfTeacher:
     def score(self, rows: Sequence[TurnRow]) -> list[Tensor] | None:
         """Teacher log-probs of each row's response tokens (float32 CPU tensors)."""
         prompts = self.prompts(rows)
+        self.last_prompts = prompts
         order = sorted(range(len(rows)), key=lambda i: len(prompts[i]) + len(rows[i].response_ids))
         out = score_rows(self.model, prompts, [r.response_ids for r in rows], split_rows(order, self.micro_batch_rows),
                          pad_id=self.pad_id, device=self.device, temperature=self.temperature, precision=self.precision)
@@ -82,6 +85,7 @@ class NoTeacher:
 
     enabled = False
     last_stats: dict[str, float] = {}
+    last_prompts = None
 
     def score(self, rows: Sequence[TurnRow]) -> None:
         return None

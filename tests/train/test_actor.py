@@ -155,13 +155,13 @@ def _data(model, tok, n_rows=6, seed=0) -> StepData:
     )
 
 
-def _actor(model, tok, *, micro: int, mini: int, distill=True, skip=True) -> Actor:
+def _actor(model, tok, *, micro: int, mini: int, distill=True, skip=True, allocator="icsd", **kw) -> Actor:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    d = Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5) \
+    d = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5) \
         if distill else NoDistillation()
     return Actor(model, opt, distill=d, clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, temperature=1.0,
                  mini_batch_rows=mini, micro_batch_rows=micro, ppo_epochs=1, grad_clip=1e9, skip_first_prepass=skip,
-                 shuffle_rows=False, seed=0, pad_id=tok.pad_token_id, device=torch.device("cpu"))
+                 shuffle_rows=False, seed=0, pad_id=tok.pad_token_id, device=torch.device("cpu"), **kw)
 
 
 def test_gradient_accumulation_equals_one_big_batch(tiny):
@@ -219,3 +219,118 @@ def test_no_distillation_skips_prepass_and_aux(tiny):
     assert seen == {} and pooled == {}
     assert metrics["aux_loss"] == 0.0
     assert "prepass" not in timings and "allocation" not in timings
+
+
+def _score_norm_by_hand(model, prompt, response):
+    """||onehot - softmax|| per response token from one unpadded forward, float64 softmax."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].double()
+    p = torch.softmax(logits, -1)
+    pa = p[torch.arange(len(response)), torch.tensor(response)]
+    return torch.sqrt(1 - 2 * pa + (p * p).sum(-1))
+
+
+def test_score_norm_is_dumped_from_the_allocation_pass(tiny):
+    """SPEC 5's s_t = sqrt(1 - 2 p_a + sum p^2), worked in float64 from a plain forward."""
+    import copy
+
+    model, tok = tiny
+    data = _data(model, tok, seed=4)
+    seen: dict = {}
+    m = copy.deepcopy(model)
+    ref_model = copy.deepcopy(model)
+    actor = _actor(m, tok, micro=2, mini=6)
+    actor.update(0, data, sink=lambda n, c: seen.__setitem__(n, c))
+    cols = seen["step000000-mb000.parquet"]
+    # one mini-batch = the first: pre-pass skipped, score norms from the gradient forward (same weights)
+    for r in range(6):
+        sel = (cols["traj_id"] == int(data.traj[r])) & (cols["turn_id"] == int(data.turn[r]))
+        order = np.argsort(cols["pos"][sel])
+        want = _score_norm_by_hand(ref_model, data.prompts[r], data.responses[r]).numpy()
+        assert np.allclose(cols["score_norm"][sel][order], want, atol=2e-6)
+    assert (cols["score_norm"] >= 0).all() and (cols["score_norm"] <= np.sqrt(2) + 1e-6).all()
+
+
+def test_fisher_runs_the_first_prepass_and_reproduces_from_the_dump(tiny):
+    import copy
+
+    from icsd_audit.alloc.variants import allocate
+
+    model, tok = tiny
+    data = _data(model, tok, seed=5)
+    seen: dict = {}
+    actor = _actor(copy.deepcopy(model), tok, micro=2, mini=3, allocator="fisher")
+    metrics, timings, _ = actor.update(1, data, sink=lambda n, c: seen.__setitem__(n, c))
+    assert metrics["prepass_skipped"] == 0.0 and "prepass" in timings
+    for cols in seen.values():
+        assert np.array_equal(cols["logp"], cols["train_logp"])
+        canon = np.lexsort((cols["pos"], cols["turn_id"], cols["traj_id"]))
+        t = {k: torch.from_numpy(np.asarray(cols[k])[canon]) for k in
+             ("advantage", "ratio", "delta", "score_norm", "traj_id", "turn_id", "batch_id")}
+        out = allocate(advantage=t["advantage"].double(), ratio=t["ratio"].double(), delta=t["delta"].double(),
+                       score_norm=t["score_norm"].double(), traj_id=t["traj_id"], turn_id=t["turn_id"],
+                       batch_id=t["batch_id"], allocator="fisher", min_group=2)
+        assert np.array_equal(out.c.numpy().astype(np.float32), np.asarray(cols["c"])[canon])
+
+
+def test_micro_batch_scope_allocates_each_micro_batch_without_a_prepass(tiny):
+    import copy
+
+    from icsd_audit.alloc.variants import allocate
+
+    model, tok = tiny
+    data = _data(model, tok, seed=6)
+    seen: dict = {}
+    actor = _actor(copy.deepcopy(model), tok, micro=2, mini=3, alloc_scope="micro-batch")
+    metrics, timings, _ = actor.update(2, data, sink=lambda n, c: seen.__setitem__(n, c))
+    assert "prepass" not in timings and metrics["alloc_ratio_gap"] == 0.0
+    first, second = seen["step000002-mb000.parquet"], seen["step000002-mb001.parquet"]
+    # micro-batches of 2 rows and 1 row: batch ids 1000 * mini-batch id + micro index
+    assert set(np.unique(first["batch_id"])) == {2000 * 1000, 2000 * 1000 + 1}
+    assert set(np.unique(second["batch_id"])) == {2001 * 1000, 2001 * 1000 + 1}
+    for cols in (first, second):
+        assert np.array_equal(cols["logp"], cols["train_logp"])  # the gradient forward's own numbers
+        for b in np.unique(cols["batch_id"]):
+            sel = np.flatnonzero(cols["batch_id"] == b)
+            sel = sel[np.lexsort((cols["pos"][sel], cols["turn_id"][sel], cols["traj_id"][sel]))]
+            t = {k: torch.from_numpy(np.asarray(cols[k])[sel]) for k in
+                 ("advantage", "ratio", "delta", "traj_id", "turn_id", "batch_id")}
+            out = allocate(advantage=t["advantage"].double(), ratio=t["ratio"].double(), delta=t["delta"].double(),
+                           traj_id=t["traj_id"], turn_id=t["turn_id"], batch_id=t["batch_id"], min_group=2)
+            assert np.array_equal(out.c.numpy().astype(np.float32), np.asarray(cols["c"])[sel])
+    # the second mini-batch's ratios are real (the weights moved), not 1
+    assert not np.allclose(second["ratio"], 1.0)
+
+
+def test_teacher_rescore_uses_current_weights_after_the_first_mini_batch(tiny):
+    import copy
+
+    from icsd_audit.train.logprobs import score_rows
+
+    model, tok = tiny
+    data = _data(model, tok, seed=7)
+    # a privileged prompt per row: two extra tokens in front
+    data.teacher_prompts = [[5, 6] + p for p in data.prompts]
+    seen: dict = {}
+    m = copy.deepcopy(model)
+    actor = _actor(m, tok, micro=2, mini=3, teacher_rescore=True)
+    _, timings, _ = actor.update(0, data, sink=lambda n, c: seen.__setitem__(n, c))
+    first, second = seen["step000000-mb000.parquet"], seen["step000000-mb001.parquet"]
+    # first mini-batch: the step's teacher log-probs as given
+    rows0 = sorted(range(3), key=lambda i: (len(data.prompts[i]) + len(data.responses[i]), i))
+    assert np.array_equal(first["teacher_logp"], torch.cat([data.teacher_logp[i] for i in rows0]).numpy())
+    assert "teacher_rescore" in timings
+    # second: the teacher prompts scored with the weights after the first optimizer step;
+    # replay that state: one more actor on a fresh copy, stopped after mini-batch 0
+    m2 = copy.deepcopy(model)
+    a2 = _actor(m2, tok, micro=2, mini=3)
+    a2.update(0, StepData(prompts=data.prompts[:3], responses=data.responses[:3], old_logp=data.old_logp[:3],
+                          advantage=data.advantage[:3], traj=data.traj[:3], turn=data.turn[:3],
+                          teacher_logp=data.teacher_logp[:3], ref_logp=data.ref_logp[:3]))
+    rows1 = sorted(range(3, 6), key=lambda i: (len(data.prompts[i]) + len(data.responses[i]), i))
+    want = score_rows(m2, data.teacher_prompts, data.responses, [sorted(rows1, key=lambda i: (len(
+        data.teacher_prompts[i]) + len(data.responses[i]), i))], pad_id=tok.pad_token_id,
+        device=torch.device("cpu"), temperature=1.0)
+    assert np.allclose(second["teacher_logp"], torch.cat([want[i] for i in rows1]).numpy(), atol=1e-5)
+    assert not np.allclose(second["teacher_logp"], torch.cat([data.teacher_logp[i] for i in rows1]).numpy())
