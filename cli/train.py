@@ -81,7 +81,10 @@ def train_cmd(
     steps: Optional[int] = typer.Option(None, help="Training steps."),
     adv: Optional[str] = typer.Option(None, help="Advantage estimator: grpo or gigpo."),
     allocator: Optional[str] = typer.Option(
-        None, help="none (plain GRPO/GiGPO), opsd, sdar, icsd, fisher, sign, influence-only, gaussian, permuted."),
+        None, help="none (plain GRPO/GiGPO), opsd, sdar, icsd, fisher, sign, influence-only, gaussian, permuted. "
+                   "Paper names: '+ OPSD' = opsd, stand-alone 'OPSD' = opsd with --set pg_coef=0, "
+                   "'Skill-GRPO' = none with --set student_skills=train ('Skill-GRPO*': both), "
+                   "'Fisher magnitude' = fisher, 'Sign-only' = sign (docs/reproduce.md)."),
     trust: Optional[str] = typer.Option(None, help="Base trust: laplace, sigmoid or uniform."),
     distill_coef: Optional[float] = typer.Option(None, "--lambda", help="Distillation weight lambda."),
     seed: Optional[int] = typer.Option(None, help="Master seed."),

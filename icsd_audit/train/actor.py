@@ -144,14 +144,16 @@ class TokenLosses:
 
 def token_losses(*, logp: Tensor, old_logp: Tensor, advantage: Tensor, ref_logp: Tensor | None,
                  teacher_logp: Tensor | None, c: Tensor | None, clip_ratio: float, dual_clip: float,
-                 kl_coef: float, distill_coef: float) -> TokenLosses:
-    """Every per-token term of the actor loss; ``None`` inputs make their term 0."""
+                 kl_coef: float, distill_coef: float, pg_coef: float = 1.0) -> TokenLosses:
+    """Every per-token term of the actor loss; ``None`` inputs make their term 0.
+
+    ``pg_coef`` weights the surrogate (0: no RL loss, stand-alone OPSD)."""
     pg, ratio, clipped, dual = ppo_dual_clip_loss(logp, old_logp, advantage, clip_ratio=clip_ratio, dual_clip=dual_clip)
     zero = torch.zeros_like(logp)
     kl = low_var_kl(logp, ref_logp) if ref_logp is not None else zero
     kd = kd_loss(logp, teacher_logp) if teacher_logp is not None else zero
     aux = distill_coef * c.detach() * kd if (c is not None and teacher_logp is not None) else zero
-    total = pg + kl_coef * kl + aux
+    total = (pg if pg_coef == 1.0 else pg_coef * pg) + kl_coef * kl + aux
     return TokenLosses(total=total, pg=pg, kl=kl, kd=kd, aux=aux, ratio=ratio, clipped=clipped, dual_clipped=dual)
 
 
@@ -276,10 +278,10 @@ class Actor:
                  ppo_epochs: int, grad_clip: float, skip_first_prepass: bool, shuffle_rows: bool, seed: int,
                  pad_id: int, device: torch.device, precision: str = "float32",
                  sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
-                 teacher_rescore: bool = False):
+                 teacher_rescore: bool = False, pg_coef: float = 1.0):
         if alloc_scope not in ALLOC_SCOPES:
             raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
-        self.alloc_scope, self.teacher_rescore = alloc_scope, teacher_rescore
+        self.alloc_scope, self.teacher_rescore, self.pg_coef = alloc_scope, teacher_rescore, float(pg_coef)
         self.model, self.opt, self.distill = model, optimizer, distill
         self.sketcher = sketcher  # per-token gradient sketches of dumped mini-batches (None: off)
         self.clip_ratio, self.dual_clip, self.kl_coef = clip_ratio, dual_clip, kl_coef
@@ -484,7 +486,7 @@ class Actor:
                 teacher_logp=None if teacher is None else teacher[sl].to(dev),
                 c=None if c is None else c[sl].to(dev),
                 clip_ratio=self.clip_ratio, dual_clip=self.dual_clip, kl_coef=self.kl_coef,
-                distill_coef=self.distill.coef,
+                distill_coef=self.distill.coef, pg_coef=self.pg_coef,
             )
             loss = tl.total.sum() / n_tok
             loss.backward()

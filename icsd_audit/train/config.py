@@ -138,6 +138,8 @@ class TrainConfig:
     """Retrieval: 'match' (keyword match, see skill_match), 'all' (SDAR's skill_all) or 'general'."""
     skill_match: str = "sdar"
     """Keyword rule of skill_mode='match': 'sdar' (SDAR's get_privileged_info_from_prompt: plain substrings on the whole lower-cased student prompt, every matching category) or 'instruction' (the bank's own rule on the task instruction only; whole words for the shipped banks)."""
+    student_skills: str = "off"
+    """Retrieved skills in the *student* prompt too (paper's extended-table baselines): 'off', 'train' (rollouts and actor: Skill-GRPO), 'eval' (evaluation only: Skill-Prompt* without training) or 'both' (Skill-GRPO*, Skill-Prompt*); needs allocator='none'."""
     skill_placement: str = "prefix"
     """'prefix' (SDAR: the skill block in front of the rendered student prompt) or 'user' (inside the user message)."""
 
@@ -165,7 +167,9 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ distillation allocation
     allocator: str = "icsd"
-    """'none' (plain GRPO/GiGPO) or an allocator of icsd_audit.alloc.variants: opsd, sdar, icsd, fisher, sign, influence-only, gaussian, permuted."""
+    """'none' (plain GRPO/GiGPO: the paper's 'GRPO'/'GiGPO' rows; with student_skills: 'Skill-GRPO') or an allocator of icsd_audit.alloc.variants: opsd ('+ OPSD'; with pg_coef=0: stand-alone 'OPSD'), sdar ('+ SDAR'), icsd ('+ ICSD'), fisher ('+ Fisher magnitude'), sign ('+ Sign-only'), influence-only ('+ Influence only'), gaussian, permuted."""
+    pg_coef: float = 1.0
+    """Weight of the PPO surrogate in the actor loss; 0 drops the RL loss (stand-alone OPSD: allocator='opsd', pg_coef=0, the paper's 'OPSD' row)."""
     trust: str = "laplace"
     """Base trust g: 'laplace' (paper), 'sigmoid' (SDAR's public code) or 'uniform'."""
     trust_beta: float = 5.0
@@ -327,6 +331,14 @@ class TrainConfig:
         need(self.skill_mode in ("match", "all", "general"), f"skill_mode={self.skill_mode!r}: choose match, all or general")
         need(self.skill_match in ("sdar", "instruction"),
              f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
+        need(self.student_skills in ("off", "train", "eval", "both"),
+             f"student_skills={self.student_skills!r}: choose off, train, eval or both")
+        need(self.student_skills in ("off", "eval") or not self.distill_enabled,
+             f"student_skills={self.student_skills!r} with allocator={self.allocator!r} would show the teacher's "
+             "skill to the student as well; use allocator='none' (Skill-GRPO) or student_skills='off'")
+        need(self.pg_coef >= 0, f"pg_coef={self.pg_coef} must be >= 0 (0: no RL loss)")
+        need(self.pg_coef > 0 or self.distill_enabled,
+             "pg_coef=0 with allocator='none' leaves no loss at all; pick allocator='opsd' for stand-alone OPSD")
         need(self.skill_placement in ("prefix", "user"), f"skill_placement={self.skill_placement!r}: choose 'prefix' (SDAR) or 'user'")
         valid_alloc = [_NO_ALLOCATOR, *allocator_names()]
         need(self.allocator in valid_alloc, f"allocator={self.allocator!r}: choose one of {valid_alloc}")

@@ -66,7 +66,7 @@ from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tc
 from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.skills import load_skillbank
-from icsd_audit.train.teacher import make_teacher
+from icsd_audit.train.teacher import make_teacher, skill_retriever
 
 __all__ = ["train", "TrainResult", "load_policy", "seed_step", "draw_tasks", "resolve_precision", "EnvFactory"]
 
@@ -244,11 +244,19 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     estimator = get_estimator(cfg.adv_estimator)
     adv_options = ADV_OPTIONS[cfg.adv_estimator](cfg)
     distill = make_distillation(cfg)
-    builder = PromptBuilder(tokenizer, env=cfg.env, history_window=cfg.history_window,
-                            max_prompt_tokens=cfg.max_prompt_tokens, system_prompt=cfg.system_prompt,
-                            one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
+    bank = load_skillbank(cfg.skillbank_name) if (distill.enabled or cfg.student_skills != "off") else None
+
+    def make_builder(student_sees_skills: bool) -> PromptBuilder:
+        skill = (skill_retriever(bank, skill_mode=cfg.skill_mode, skill_match=cfg.skill_match)
+                 if student_sees_skills and bank is not None else None)
+        return PromptBuilder(tokenizer, env=cfg.env, history_window=cfg.history_window,
+                             max_prompt_tokens=cfg.max_prompt_tokens, system_prompt=cfg.system_prompt,
+                             one_shot=cfg.one_shot, skill_placement=cfg.skill_placement, student_skill=skill)
+
+    builder = make_builder(cfg.student_skills in ("train", "both"))
+    eval_builder = make_builder(cfg.student_skills in ("eval", "both"))
     teacher = make_teacher(distill.enabled, model=policy, builder=builder,
-                           bank=load_skillbank(cfg.skillbank_name) if distill.enabled else None,
+                           bank=bank if distill.enabled else None,
                            skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
                            micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
@@ -265,7 +273,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                   micro_batch_rows=cfg.micro_batch_rows, ppo_epochs=cfg.ppo_epochs, grad_clip=cfg.grad_clip,
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
-                  alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore)
+                  alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
     writer = (_dump_writer(cfg, out, start, sketcher, env_data=getattr(envs[0], "data_info", None))
               if (distill.enabled and cfg.dump_every) else None)
@@ -309,7 +317,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
             t0 = time.perf_counter()
             reporter.phase(step, "eval")
-            ev = evaluate(model=policy, tokenizer=tokenizer, builder=builder, make_env=lambda: factory(cfg.eval_split),
+            ev = evaluate(model=policy, tokenizer=tokenizer, builder=eval_builder, make_env=lambda: factory(cfg.eval_split),
                           n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                           temperature=cfg.eval_temperature, require_think=cfg.require_think,
                           batch_rows=cfg.rollout_batch_rows, device=device, seed=cfg.seed, split=cfg.eval_split,

@@ -94,8 +94,12 @@ class PromptBuilder:
     """Student and teacher prompt token ids for one turn, with the run's prompt options."""
 
     def __init__(self, tokenizer: Any, *, env: str, history_window: int, max_prompt_tokens: int,
-                 system_prompt: str | None = None, one_shot: bool = False, skill_placement: str = "prefix"):
+                 system_prompt: str | None = None, one_shot: bool = False, skill_placement: str = "prefix",
+                 student_skill: Callable[[TurnContext, str], str] | None = None):
         self.tok = tokenizer
+        #: ``student_skill(ctx, student_text)`` -> skill text shown to the *student* too
+        #: (Skill-Prompt / Skill-GRPO baselines); None: the student never sees skills.
+        self.student_skill = student_skill
         self.env = env
         self.history_window = history_window
         self.max_prompt_tokens = max_prompt_tokens
@@ -120,8 +124,15 @@ class PromptBuilder:
         return chat_prompt(self.tok, [*self._prefix, *student_messages(ctx, history_window=self.history_window)])
 
     def student(self, ctx: TurnContext) -> tuple[list[int], bool]:
-        """The student's prompt ids (left-truncated to ``max_prompt_tokens``) and whether it was cut."""
-        return self._truncate(self.encode(self.student_text(ctx)), self.max_prompt_tokens)
+        """The student's prompt ids (left-truncated to ``max_prompt_tokens``) and whether it was cut.
+
+        With ``student_skill`` the retrieved skill is placed as for the teacher (Skill-Prompt).
+        """
+        text = self.student_text(ctx)
+        ids, cut = self._truncate(self.encode(text), self.max_prompt_tokens)
+        if self.student_skill is not None:
+            ids = self.teacher(ctx, ids, self.student_skill(ctx, text))[0]
+        return ids, cut
 
     def teacher(self, ctx: TurnContext, student_ids: list[int], skill_text: str) -> tuple[list[int], bool]:
         """The privileged prompt ids for the same turn.

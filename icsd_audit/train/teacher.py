@@ -23,7 +23,7 @@ costs nothing and reports no teacher.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -32,7 +32,21 @@ from icsd_audit.train.logprobs import score_rows, split_rows
 from icsd_audit.train.rollout import PromptBuilder, TurnRow
 from icsd_audit.train.skills import SkillBank
 
-__all__ = ["SelfTeacher", "NoTeacher", "make_teacher"]
+__all__ = ["SelfTeacher", "NoTeacher", "make_teacher", "skill_retriever"]
+
+
+def skill_retriever(bank: SkillBank, *, skill_mode: str, skill_match: str) -> Callable[[Any, str], str]:
+    """``fn(ctx, student_text)`` -> skill text by the run's rule (the teacher's rule, for a skilled student)."""
+    cache: dict[str, str] = {}
+
+    def fn(ctx: Any, student_text: str) -> str:
+        if skill_match == "sdar" and skill_mode == "match":
+            return bank.retrieve_sdar(student_text).text
+        if ctx.task not in cache:
+            cache[ctx.task] = bank.retrieve(ctx.task, mode=skill_mode).text
+        return cache[ctx.task]
+
+    return fn
 
 
 class SelfTeacher:

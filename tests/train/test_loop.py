@@ -234,3 +234,57 @@ def test_sampler_ignores_the_models_generation_defaults():
                      temperature=0.7)
     for i in range(2):
         assert torch.allclose(logps[i], ref[i], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- extended-table baselines
+
+
+def test_baseline_switches_validate():
+    base = dict(model="tiny-random")
+    with pytest.raises(ConfigError, match="student_skills"):
+        TrainConfig(**base, student_skills="train", allocator="icsd").validate()
+    with pytest.raises(ConfigError, match="pg_coef"):
+        TrainConfig(**base, allocator="none", pg_coef=0.0).validate()
+    TrainConfig(**base, allocator="none", student_skills="both").validate()  # Skill-GRPO*
+    TrainConfig(**base, allocator="opsd", pg_coef=0.0).validate()  # stand-alone OPSD
+
+
+def test_pg_coef_zero_leaves_kl_and_distillation_only():
+    import torch
+
+    from icsd_audit.train.actor import token_losses
+
+    logp = torch.tensor([-1.0, -2.0])
+    kw = dict(logp=logp, old_logp=torch.tensor([-1.1, -1.9]), advantage=torch.tensor([1.0, -1.0]),
+              ref_logp=torch.tensor([-1.2, -2.2]), teacher_logp=torch.tensor([-0.5, -2.5]), c=torch.tensor([1.0, 1.0]),
+              clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, distill_coef=1.0)
+    full = token_losses(**kw)
+    none = token_losses(**kw, pg_coef=0.0)
+    assert torch.allclose(none.total, 0.1 * full.kl + full.aux)
+    assert torch.allclose(full.total - none.total, full.pg)
+
+
+def test_skill_grpo_student_sees_the_skill_in_training_only(tmp_path, bank):
+    from icsd_audit.train.loop import train
+
+    plain = train(tiny_cfg(tmp_path / "plain", bank, allocator="none"), env_factory=varied_factory())
+    skilled = train(tiny_cfg(tmp_path / "sk", bank, allocator="none", student_skills="train"), env_factory=varied_factory())
+    # the skill block "[Privileged Skill Information]\n<general skill>\n\n" lengthens every student prompt
+    p0, p1 = plain.records[0]["rollout/prompt_tokens_mean"], skilled.records[0]["rollout/prompt_tokens_mean"]
+    assert p1 > p0 + 5
+    assert skilled.dumps_dir is None and skilled.records[0]["actor/aux_loss"] == 0.0
+
+
+def test_student_builder_prepends_the_skill_block():
+    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.prompts import TurnContext, skill_block
+    from icsd_audit.train.rollout import PromptBuilder
+
+    _, tok = tiny_random_causal_lm(seed=0)
+    ctx = TurnContext(task="buy a lamp", observation="Search", actions=("search[<your query>]",), env="webshop")
+    kw = dict(env="webshop", history_window=1, max_prompt_tokens=512)
+    plain = PromptBuilder(tok, **kw)
+    skilled = PromptBuilder(tok, **kw, student_skill=lambda c, text: "Search first.")
+    base, _ = plain.student(ctx)
+    ids, _ = skilled.student(ctx)
+    assert ids == plain.encode(skill_block("Search first.")) + base
