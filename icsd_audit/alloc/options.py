@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA, Allocation, allocate
+from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA, Allocation, allocate, get_allocator
 from icsd_audit.tokens import Tokens, Weights
 
-__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair"]
+__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "required_columns"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class AllocatorOptions:
     def kwargs(self) -> dict[str, Any]:
         return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta,
                     min_group=self.min_group, eps=self.eps, seed=self.seed)
+
+
+def required_columns(*allocators: str) -> tuple[str, ...]:
+    """Optional dump columns the named allocators cannot do without (``fisher``: ``score_norm``)."""
+    return tuple(dict.fromkeys(c for name in allocators for c in get_allocator(name).requires))
 
 
 def allocate_batch(tokens: Tokens, opts: AllocatorOptions) -> Allocation:

@@ -476,7 +476,8 @@ def allocate(
     """Compute g, u, m, c and the fallback flag for flat per-token tensors.
 
     Give either a :class:`~icsd_audit.tokens.Tokens` (numpy arrays are converted
-    without copying) or the arrays as keywords, as a trainer holding tensors does.
+    without copying; its optional ``score_norm`` column is used when present) or the
+    arrays as keywords, as a trainer holding tensors does.
     Statistics never cross ``batch_id`` (default: one batch).  The float dtype of
     ``advantage`` sets the compute dtype (float64 for audits, float32 allowed in
     training); ``seed`` matters only for ``permuted``.  For ``sdar`` and ``opsd``
@@ -488,6 +489,8 @@ def allocate(
         tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
         valid=valid)
     spec = get_allocator(allocator)
+    if score_norm is None and tokens is not None and "score_norm" in spec.requires and "score_norm" in tokens.columns:
+        score_norm = torch.as_tensor(tokens.columns["score_norm"])  # an optional column of the reader's tokens
     if "score_norm" in spec.requires and score_norm is None:
         raise ValueError(f"allocator {allocator!r} needs the per-token 'score_norm' column (SPEC 5); "
                          "dumps written by `icsd train` carry it, others must add it")

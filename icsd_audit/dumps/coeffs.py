@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from icsd_audit.alloc.options import AllocatorOptions, allocate_batch
+from icsd_audit.alloc.options import AllocatorOptions, allocate_batch, required_columns
 from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
 from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBatch
@@ -74,7 +74,7 @@ def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
 def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions) -> CoeffsSummary:
     """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order."""
     out = check_output_file(out, paths)
-    reader = DumpReader(paths, columns=None)
+    reader = DumpReader(paths, columns=None, require=required_columns(opts.allocator))
     _check_same_columns(reader)
     summary = CoeffsSummary(n_rows=reader.n_rows)
     with temp_dir(out, "coeffs") as tmp:

@@ -45,6 +45,9 @@ _SCHEMA_NAME = "icsd.token_dump"
 _MAJOR = 1
 #: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-HOST-PID-*``, and ``.icsd-coeffs-*`` of older versions)
 _SCRATCH = re.compile(r"\..*icsd-[a-z]+-.*")
+#: optional float columns that become token columns whenever a file has them (SPEC 1)
+_OPTIONAL_FLOATS = ("score_norm",)
+_REQUIRED_BY = {"score_norm": "the 'fisher' allocator (SPEC 5: m = Phi_G(|A rho| score_norm))"}
 
 
 class DumpError(ValueError):
@@ -172,11 +175,17 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _check_types(path: Path, schema: pa.Schema) -> None:
+def _check_types(path: Path, schema: pa.Schema, require: Sequence[str] = ()) -> None:
     names = set(schema.names)
     for col in REQUIRED:
         if col not in names:
             raise DumpError(path, f"required column missing (have: {', '.join(schema.names) or 'none'})", column=col)
+    for col in require:
+        if col not in names:
+            raise DumpError(path, f"column missing; {_REQUIRED_BY.get(col, 'the requested computation')} needs it",
+                            column=col)
+    if "score_norm" in names and not pa.types.is_floating(schema.field("score_norm").type):
+        raise DumpError(path, f"expected float16/32/64, got {schema.field('score_norm').type}", column="score_norm")
     for col in _INT_COLS + ("pos",):
         if col in names and not pa.types.is_integer(schema.field(col).type):
             raise DumpError(path, f"expected an integer type, got {schema.field(col).type}", column=col)
@@ -223,9 +232,14 @@ class DumpReader:
 
     ``columns``: extra columns to carry in ``TokenBatch.table`` besides the required
     ones (None: every column, as ``icsd audit coeffs`` needs for pass-through).
+    ``require``: optional columns the caller cannot do without (e.g. ``score_norm`` for
+    the ``fisher`` allocator); a file lacking one is a one-line :class:`DumpError`.
+    The optional ``score_norm`` column is carried in ``tokens.columns`` whenever a file
+    has it (checked finite and non-negative).
     """
 
-    def __init__(self, paths: Sequence[str | Path], *, columns: Sequence[str] | None = ()):
+    def __init__(self, paths: Sequence[str | Path], *, columns: Sequence[str] | None = (),
+                 require: Sequence[str] = ()):
         self.paths = resolve_paths(paths)
         self._files = []
         self._groups: list[_Group] = []
@@ -237,7 +251,7 @@ class DumpReader:
                 pf = pq.ParquetFile(path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
-            _check_types(path, pf.schema_arrow)
+            _check_types(path, pf.schema_arrow, require)
             self._metas.append(_parse_metadata(path, pf.schema_arrow.metadata))
             self._files.append(pf)
             offset = 0
@@ -258,7 +272,8 @@ class DumpReader:
         check_metadata(self.paths, self._metas)
         self.n_rows = total
         self.schema = self._files[0].schema_arrow
-        self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *columns]))
+        self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *_OPTIONAL_FLOATS,
+                                                                         *columns]))
         # optional scalar columns that become token columns (None: read all, convert only pos)
         self._extra = () if columns is None else tuple(c for c in dict.fromkeys(columns) if c not in REQUIRED)
         self._cache: "OrderedDict[int, pa.Table]" = OrderedDict()
@@ -382,6 +397,9 @@ def _tokens(table: pa.Table, extra: Sequence[str]) -> Tokens:
     columns: dict[str, np.ndarray] = {}
     if "pos" in table.column_names:
         columns["pos"] = table.column("pos").to_numpy().astype(np.int64, copy=False)
+    for col in _OPTIONAL_FLOATS:
+        if col in table.column_names:
+            columns[col] = table.column(col).to_numpy().astype(np.float64)
     for col in extra:
         if col in table.column_names and col != "valid" and not pa.types.is_nested(table.schema.field(col).type):
             columns[col] = table.column(col).to_numpy(zero_copy_only=False)
@@ -393,12 +411,18 @@ def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
         if table.column(col).null_count:
             row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
             raise DumpError(path, "null value", column=col, row=file_offset + row)
-    for col in _FLOAT_COLS:
+    for col in _FLOAT_COLS + tuple(c for c in _OPTIONAL_FLOATS if c in table.column_names):
+        if col in _OPTIONAL_FLOATS and table.column(col).null_count:
+            row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
+            raise DumpError(path, "null value", column=col, row=file_offset + row)
         values = table.column(col).to_numpy()
         bad = ~np.isfinite(values)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise DumpError(path, f"{'NaN' if np.isnan(values[row]) else 'infinite'} value", column=col, row=file_offset + row)
+        if col in _OPTIONAL_FLOATS and (values < 0).any():
+            row = int(np.flatnonzero(values < 0)[0])
+            raise DumpError(path, "negative value (a norm)", column=col, row=file_offset + row)
 
 
 def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from icsd_audit.alloc.options import AllocatorOptions, weight_pair
+from icsd_audit.alloc.options import AllocatorOptions, required_columns, weight_pair
 from icsd_audit.stats.bootstrap import BootstrapResult, batch_bootstrap_mean
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch
 from icsd_audit.grads.compat import cosines, factors_from_columns, jackknife_replicates, jackknife_se, rl_weights
@@ -262,7 +262,7 @@ def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions, compare:
         raise ValueError(f"permutations must be >= 0, got {permutations}")
     if blocks < 0:
         raise ValueError(f"blocks must be >= 0 (0: no jackknife), got {blocks}")
-    reader = DumpReader(paths, columns=None)
+    reader = DumpReader(paths, columns=None, require=required_columns(base.allocator, compare.allocator))
     with_perm = compare.allocator == "icsd" and permutations > 0
     rows = CosineRows(with_perm=with_perm, clip_eps=clip_eps, dual_clip=dual_clip)
     for batch in reader:

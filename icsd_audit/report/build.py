@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from icsd_audit import __version__
-from icsd_audit.alloc.options import weight_pair
+from icsd_audit.alloc.options import required_columns, weight_pair
 from icsd_audit.grads.cosines import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
@@ -96,7 +96,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     # optional columns are read where a file has them; absent ones are never loaded
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
-    reader = DumpReader(paths, columns=["step", "env", *sketch_cols])
+    reader = DumpReader(paths, columns=["step", "env", *sketch_cols], require=required_columns(opts.base, opts.compare))
     acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                   compare_name=opts.compare)
     pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)

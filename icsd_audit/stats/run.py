@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from icsd_audit.alloc.options import AllocatorOptions, weight_pair
+from icsd_audit.alloc.options import AllocatorOptions, required_columns, weight_pair
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
 
@@ -58,7 +58,7 @@ def run_audit(
 ) -> AuditResults:
     """Stream every batch of ``paths`` into one accumulator and bootstrap once."""
     columns = [req.by] if req.by else []
-    reader = DumpReader(paths, columns=columns)
+    reader = DumpReader(paths, columns=columns, require=required_columns(req.base.allocator, req.compare.allocator))
     acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
                            n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
     n = len(reader.batch_ids)
@@ -74,7 +74,7 @@ def run_audit(
 
 def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int = 20) -> LandscapeResult:
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it)."""
-    reader = DumpReader(paths, columns=["env"])
+    reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator)
     for batch in prefetch(reader):
         weights, _ = weight_pair(batch.tokens, req.base, req.compare)

@@ -78,3 +78,39 @@ def test_bad_by_column_and_allocator_are_one_line_errors(dumps: Path) -> None:
     assert res.returncode == 2 and "column 'env'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = cli("audit", "tcm", str(dumps), "--compare", "bogus", "--resamples", "10")
     assert res.returncode == 2 and "unknown allocator 'bogus'" in res.stderr
+
+
+def test_fisher_without_score_norm_is_a_one_line_error(dumps: Path, tmp_path: Path) -> None:
+    """SPEC 5: fisher needs the score_norm column; its absence names the file and the column."""
+    res = cli("audit", "tcm", str(dumps), "--compare", "fisher", "--resamples", "10")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "column 'score_norm'" in res.stderr and ".parquet" in res.stderr and "fisher" in res.stderr
+    out = tmp_path / "c.parquet"
+    res = cli("audit", "coeffs", str(dumps), "--allocator", "fisher", "--out", str(out))
+    assert res.returncode == 2 and "column 'score_norm'" in res.stderr and not out.exists()
+
+
+def test_fisher_reads_score_norm_from_the_dump(tmp_path: Path) -> None:
+    """With the column, the audit's fisher equals the library's fisher on the same arrays."""
+    import torch
+
+    from icsd_audit.alloc.variants import allocate
+
+    cols = synth_tokens(3000, seed=5, n_batches=1)
+    rng = np.random.default_rng(0)
+    cols["score_norm"] = rng.uniform(0, 1.4, size=cols["advantage"].shape[0]).astype(np.float32)
+    DumpWriter(tmp_path / "d", producer="test", synthetic=True).write(**cols)
+    summary = compute_coefficients([tmp_path / "d"], tmp_path / "c.parquet", AllocatorOptions(allocator="fisher"))
+    assert summary.n_tokens > 0
+    got = pq.read_table(tmp_path / "c.parquet")
+    t = {k: torch.from_numpy(got.column(k).to_numpy().astype(np.float64)) for k in ("advantage", "ratio", "delta",
+                                                                                    "score_norm")}
+    ids = {k: torch.from_numpy(np.array(got.column(k).to_numpy(zero_copy_only=False)))
+           for k in ("traj_id", "turn_id", "batch_id", "valid")}
+    want = allocate(**t, **ids, allocator="fisher")
+    assert np.allclose(got.column("c").to_numpy(), want.c.numpy(), rtol=1e-12, atol=1e-15)
+    # a negative norm is bad input, with file, column and row
+    cols["score_norm"][7] = -0.5
+    DumpWriter(tmp_path / "bad", producer="test", synthetic=True).write(**cols)
+    res = cli("audit", "coeffs", str(tmp_path / "bad"), "--allocator", "fisher", "--out", str(tmp_path / "x.parquet"))
+    assert res.returncode == 2 and "column 'score_norm', row 7" in res.stderr

@@ -138,14 +138,16 @@ def test_one_step_on_builtin_webshop(tmp_path, bank):
     assert res.checkpoint is not None and (res.checkpoint / "trainer_state.pt").is_file()
 
 
-@pytest.mark.parametrize("allocator", ["icsd", "permuted"])
-def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator):
+@pytest.mark.parametrize("allocator,scope", [("icsd", "mini-batch"), ("permuted", "mini-batch"),
+                                             ("fisher", "mini-batch"), ("icsd", "micro-batch"),
+                                             ("fisher", "micro-batch")])
+def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator, scope):
     """icsd audit's allocate_batch on the dump gives the deployed c exactly (float32 storage)."""
     from icsd_audit.alloc.options import AllocatorOptions, allocate_batch
     from icsd_audit.dumps.reader import DumpReader
     from icsd_audit.train.loop import train
 
-    cfg = tiny_cfg(tmp_path / "run", bank, allocator=allocator, alloc_seed=7)
+    cfg = tiny_cfg(tmp_path / "run", bank, allocator=allocator, alloc_seed=7, alloc_scope=scope)
     res = train(cfg, env_factory=varied_factory())
     opts = AllocatorOptions(allocator=allocator, trust=cfg.trust, min_group=cfg.min_group, eps=cfg.alloc_eps,
                             seed=cfg.alloc_seed)
@@ -156,8 +158,11 @@ def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator):
         assert np.abs(batch.tokens.advantage).max() > 0.01  # a non-degenerate batch
         for k in ("g", "m", "c"):
             assert np.array_equal(getattr(alloc, k).numpy().astype(np.float32), cols[k]), k
+        if allocator == "fisher":  # the score norms are real and vary inside turns
+            sn = batch.tokens.columns["score_norm"]
+            assert (sn > 0).all() and (sn < np.sqrt(2)).all() and np.ptp(sn) > 1e-5  # near-uniform tiny model
         n += 1
-    assert n == 2
+    assert n == (2 if scope == "mini-batch" else 4)  # 2 mini-batches of 2 micro-batches
     rec = res.records[0]
     assert np.isfinite(rec["alloc/tcm"]) and rec["alloc/alloc_ratio_gap"] == 0.0
 
