@@ -125,16 +125,19 @@ def landscape(
     trust: str = O.TRUST,
     grid: int = O.GRID,
     seed: int = O.SEED,
+    resamples: int = O.RESAMPLES,
+    confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
 ) -> None:
-    """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env).
+    """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env), its
+    Gaussian-kernel smoothing and the region multipliers with action-turn bootstrap CIs.
 
-    Example: icsd audit landscape runs/dumps --grid 20 --json
+    Example: icsd audit landscape runs/dumps --grid 20 --resamples 2000 --json
     """
     from icsd_audit.stats.run import run_landscape
 
     set_threads()
-    req = _request(base, compare, trust, 5.0, 8, 1e-4, seed, 1, 0.95, "action-turn", None)
+    req = _request(base, compare, trust, 5.0, 8, 1e-4, seed, resamples, confidence, "action-turn", None)
     res = run_landscape(paths, req, grid=grid)
     payload = res.to_dict()
     if as_json:
@@ -144,3 +147,12 @@ def landscape(
         from rich.console import Console
 
         Console().print_json(data={k: v for k, v in payload.items() if not isinstance(v, (list, dict))})
+        def f(v: Any) -> str:
+            return "n/a" if v is None else f"{v:.3g}"
+
+        for g in payload["envs"]:
+            for name, r in (g.get("regions") or {}).items():
+                b, c = r[base], r[compare]
+                Console().print(f"{g['env'] or 'all'} {name}: {r['n_tokens']} tokens; multiplier {base} "
+                                f"{f(b['estimate'])} [{f(b['ci_low'])}, {f(b['ci_high'])}], {compare} "
+                                f"{f(c['estimate'])} [{f(c['ci_low'])}, {f(c['ci_high'])}]")

@@ -128,7 +128,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     dynamics = per_step.finalize(**boot).tcm if per_step is not None and len(steps) >= 2 else None
     return AuditReport(
         stats=stats,
-        landscape=land.finalize(),
+        landscape=land.finalize(**boot),
         dynamics=dynamics,
         gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
                                    n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,

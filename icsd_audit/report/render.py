@@ -104,6 +104,17 @@ def report_tables(report: AuditReport) -> list[Table]:
                      tuple(("all" if g.env is None else str(g.env), f"{g.n_tokens:,}", f"{g.grid} \u00d7 {g.grid}",
                             f"{g.mean[land.base_name]:.4g}", f"{g.mean[land.compare_name]:.4g}")
                            for g in land.envs.values())))
+    reg_rows = tuple(("all" if g.env is None else str(g.env), name, f"{r.n_tokens:,}", _ci(r.base, scale=1.0),
+                      _ci(r.compare, scale=1.0), _ci(r.ratio, scale=1.0))
+                     for g in land.envs.values() for name, r in (getattr(g, "regions", None) or {}).items())
+    if reg_rows:
+        sm = getattr(land, "smoothing", None) or {}
+        out.append(Table("landscape", "Region multipliers (mean coefficient in the region / environment mean)",
+                         ("environment", "region", "tokens", bn, cn, f"{cn} / {bn}"), reg_rows,
+                         "trusted_supported: top fifth of both delta and advantage ranks, delta > 0, A > 0; "
+                         "trusted_opposed: top fifth of delta ranks, delta > 0, A < 0. 95 % action-turn bootstrap "
+                         "intervals. Colours: Gaussian-kernel smoothed intensity"
+                         + (f", bandwidth {sm.get('bandwidth'):g} in rank units." if sm else ".")))
     if s.clip is not None:
         c = s.clip
         rows = tuple((label, f"{cs.n_tokens:,}", _ci(cs.tokens), _ci(cs.mass.base), _ci(cs.mass.compare),

@@ -79,4 +79,5 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int =
     for batch in prefetch(reader):
         weights, _ = weight_pair(batch.tokens, req.base, req.compare)
         acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
-    return acc.finalize()
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level,
+                        rng=np.random.default_rng(req.seed))

@@ -306,3 +306,25 @@ def test_quadrant_figure_rejects_empty_result() -> None:
     empty = type(res)(**{**res.__dict__, "regions": {}})
     with pytest.raises(ValueError, match="none of the four"):
         quadrant_figure(empty)
+
+
+def test_landscape_draws_smoothed_intensity_and_region_outlines() -> None:
+    from icsd_audit import stats
+    from tests.stats.test_api import make_tokens, split_call
+
+    d = make_tokens(8, n_batches=4)
+    tokens, weights, _ = split_call(d)
+    res = stats.landscape(tokens, weights, env=d["env"], grid=6, n_resamples=200, rng=0)
+    fig = drawn(landscape_figure(res))
+    for env, g in res.envs.items():
+        (mesh,) = by_gid(fig, f"intensity-{env}-icsd")
+        np.testing.assert_array_equal(mesh.get_array().filled(np.nan), g.smoothed["icsd"].T)
+        for name, r in g.regions.items():
+            for rect in by_gid(fig, f"region-{name}-{env}-icsd"):
+                assert rect.get_x() >= 0.8 - 1e-12
+    # the raw intensity when asked
+    fig = drawn(landscape_figure(res, smoothed=False, regions=False))
+    env, g = next(iter(res.envs.items()))
+    (mesh,) = by_gid(fig, f"intensity-{env}-sdar")
+    np.testing.assert_array_equal(mesh.get_array().filled(np.nan), g.intensity["sdar"].T)
+    assert not any(by_gid(fig, f"region-{n}-{env}-sdar") for n in g.regions)

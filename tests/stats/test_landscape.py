@@ -88,3 +88,83 @@ def test_landscape_errors():
         acc.add(tokens, Weights(d["g"], d["c"], compare_name="fisher"))
     with pytest.raises(KeyError, match="no 'env' column"):
         stats.landscape(tokens, weights, env="env")
+
+
+# --------------------------------------------------------------------------- smoothing and region multipliers
+
+
+def ref_smoothed(raw_sum: np.ndarray, raw_n: np.ndarray, mean: float, bandwidth: float) -> np.ndarray:
+    """Nadaraya-Watson with a Gaussian kernel (sd = bandwidth in rank units), truncated at 3 sd, by loops."""
+    G = raw_n.shape[0]
+    h = bandwidth * G
+    r = int(np.ceil(3 * h))
+    out = np.full((G, G), np.nan)
+    for i in range(G):
+        for j in range(G):
+            num = den = 0.0
+            for k in range(G):
+                for m in range(G):
+                    if abs(i - k) <= r and abs(j - m) <= r:
+                        kw = np.exp(-0.5 * ((i - k) / h) ** 2) * np.exp(-0.5 * ((j - m) / h) ** 2)
+                        num += kw * raw_sum[k, m]
+                        den += kw * raw_n[k, m]
+            if den > 0:
+                out[i, j] = num / den / mean
+    return out
+
+
+@pytest.mark.parametrize("bandwidth", [0.05, 0.2])
+def test_smoothed_intensity_matches_loop_reference(bandwidth):
+    d = make_tokens(8, n_batches=4)
+    tokens, weights, _ = split_call(d)
+    res = stats.landscape(tokens, weights, env=d["env"], grid=6, bandwidth=bandwidth, n_resamples=0)
+    for env, g in res.envs.items():
+        for w, name in (("g", "sdar"), ("c", "icsd")):
+            raw = np.nan_to_num(g.intensity[name]) * g.mean[name] * g.counts  # back to cell sums
+            want = ref_smoothed(raw, g.counts, g.mean[name], bandwidth)
+            np.testing.assert_allclose(g.smoothed[name], want, rtol=1e-10, atol=1e-12)
+        assert g.regions is None  # n_resamples=0
+    assert res.to_dict()["smoothing"]["bandwidth"] == bandwidth
+
+
+def test_region_multipliers_hand_worked():
+    # one env, one batch, 10 turns of one token each: delta = advantage rank order 1..10
+    # (scaled mid-ranks 0.05, 0.15, ..., 0.95); top fifth = the last two tokens.
+    delta = np.array([-5, -4, -3, -2, -1, 1, 2, 3, 4, 5], dtype=np.float64)
+    adv = np.array([-5, -4, -3, -2, -1, 1, 2, 3, 4, 5], dtype=np.float64)
+    # trusted_opposed needs delta in the top fifth with A < 0: make token 8 (delta 4) opposed
+    adv[8] = -10.0  # now advantage ranks change: token 8 is the lowest advantage
+    g = np.ones(10)
+    c = np.array([1, 1, 1, 1, 1, 1, 1, 1, 0.5, 3.0])
+    from icsd_audit.tokens import Tokens
+
+    t = Tokens(advantage=adv, ratio=np.ones(10), delta=delta, traj_id=np.arange(10), turn_id=np.zeros(10, int))
+    res = stats.landscape(t, Weights(g, c), grid=5, n_resamples=300, rng=1)
+    regs = res.envs[None].regions
+    # trusted_supported: token 9 only (delta rank 0.95, advantage rank 0.95, both > 0);
+    # multiplier = c_9 / mean c = 3.0 / (11.5 / 10) = 2.6087; under g: 1
+    ts = regs["trusted_supported"]
+    assert ts.n_tokens == 1 and ts.token_share == pytest.approx(0.1)
+    assert ts.compare.estimate == pytest.approx(3.0 / 1.15) and ts.base.estimate == pytest.approx(1.0)
+    assert ts.ratio.estimate == pytest.approx(3.0 / 1.15)
+    # trusted_opposed: token 8 (delta rank 0.85 >= 0.8, delta > 0, A < 0): 0.5 / 1.15
+    to = regs["trusted_opposed"]
+    assert to.n_tokens == 1 and to.compare.estimate == pytest.approx(0.5 / 1.15)
+    for r in (ts, to):
+        assert r.compare.ci_low <= r.compare.estimate <= r.compare.ci_high
+        assert r.base.ci_low == r.base.ci_high == 1.0  # uniform g: 1 on every resample where defined
+    d = res.to_dict()["envs"][0]["regions"]["trusted_supported"]
+    assert d["icsd"]["estimate"] == pytest.approx(3.0 / 1.15) and "definition" in d
+
+
+def test_existing_landscape_json_keys_unchanged():
+    d = make_tokens(3, n_batches=3)
+    tokens, weights, _ = split_call(d)
+    new = stats.landscape(tokens, weights, env=d["env"], grid=5, n_resamples=200, rng=0).to_dict()
+    old_keys = {"base", "compare", "grid", "axes", "envs"}
+    assert old_keys <= set(new) and set(new) - old_keys == {"smoothing"}
+    for g in new["envs"]:
+        assert {"env", "n_tokens", "grid", "intensity", "mean", "density", "counts", "zero_rank"} <= set(g)
+        assert set(g) - {"env", "n_tokens", "grid", "intensity", "mean", "density", "counts", "zero_rank"} == {
+            "smoothed_intensity", "regions"}
+    json.dumps(new, allow_nan=False)

@@ -75,6 +75,8 @@ def landscape_figure(
     contours: bool = True,
     colorbar: bool = True,
     vmax: float | None = None,
+    smoothed: bool = True,
+    regions: bool = True,
 ) -> Figure:
     """Heatmaps of normalized allocation intensity, one panel per (environment, weighting).
 
@@ -88,6 +90,11 @@ def landscape_figure(
     split at 1 (the environment mean) on the sequential Blues map, darker = more mass.
     Gids: ``intensity-<env>-<weighting>`` on each mesh, ``density-<env>`` on contours,
     ``zero-delta-<env>`` / ``zero-advantage-<env>`` on the dotted lines.
+    ``smoothed``: colour the locally smoothed intensity (the paper's plotted quantity)
+    where the result carries it (``grid.smoothed``), else the raw bin intensity.
+    ``regions``: outline the region multipliers' regions (``grid.regions``) and label
+    each with its multiplier under the panel's weighting (gid
+    ``region-<name>-<env>-<weighting>``).
     """
     grids = list(result.envs.values()) if env is _ALL else [result.envs[env]]
     if not grids:
@@ -97,10 +104,14 @@ def landscape_figure(
         if w not in names:
             raise ValueError(f"weighting must be 'base' or 'compare', got {w!r}")
     panels = [(g, names[w]) for g in grids for w in weightings]
-    finite = [np.asarray(g.intensity[n], dtype=float) for g, n in panels]
+    finite = [_shown(g, n, smoothed) for g, n in panels]
     top = vmax if vmax is not None else max((float(np.nanmax(a)) for a in finite if np.isfinite(a).any()), default=2.0)
     norm = TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=max(top, 1.05))
     n = len(panels)
+
+    def w_of(k: int) -> str:
+        return "compare" if panels[k][1] == result.compare_name else "base"
+
     with paper_style():
         # one row per environment, one column per weighting
         rows, cols = len(grids), len(weightings)
@@ -108,7 +119,9 @@ def landscape_figure(
         fig, axes = resolve_axes(ax, n, width=width, height=0.3 + 1.65 * rows, layout=(rows, cols))
         mesh = None
         for k, (axis, (grid, name)) in enumerate(zip(axes, panels)):
-            mesh = _panel(axis, grid, name, norm, zero_rank_of(grid, zero_ranks), contours=contours)
+            mesh = _panel(axis, grid, name, norm, zero_rank_of(grid, zero_ranks), contours=contours, smoothed=smoothed)
+            if regions:
+                _regions(axis, grid, name, zero_rank_of(grid, zero_ranks), which=w_of(k))
             # two lines with an environment: a long env name must not run into the colour bar
             label = display_name(name) if grid.env is None else f"{grid.env}\n{display_name(name)}"
             axis.set_title(f"({_PANEL[k % 26]}) {label}", loc="left")
@@ -125,8 +138,43 @@ def landscape_figure(
     return fig
 
 
-def _panel(ax: Axes, grid: Any, name: str, norm: TwoSlopeNorm, zero: dict[str, float], *, contours: bool) -> Any:
-    inten = np.asarray(grid.intensity[name], dtype=float)
+def _shown(grid: Any, name: str, smoothed: bool) -> np.ndarray:
+    sm = getattr(grid, "smoothed", None)
+    if smoothed and sm is not None and name in sm:
+        return np.asarray(sm[name], dtype=float)
+    return np.asarray(grid.intensity[name], dtype=float)
+
+
+def _regions(ax: Axes, grid: Any, name: str, zero: dict[str, float], *, which: str) -> None:
+    """Dashed outlines of the region-multiplier regions, labelled with this weighting's multiplier."""
+    regs = getattr(grid, "regions", None)
+    if not regs:
+        return
+    from matplotlib.patches import Rectangle
+
+    tag = "all" if grid.env is None else str(grid.env)
+    zt, zr = zero.get("delta", 0.0), zero.get("advantage", 0.0)
+    for rname, r in regs.items():
+        x0 = max(0.8, zt)
+        if rname == "trusted_supported":
+            y0, y1 = max(0.8, zr), 1.0
+        elif rname == "trusted_opposed":
+            y0, y1 = 0.0, zr
+        else:
+            continue
+        if x0 >= 1.0 or y1 <= y0:
+            continue
+        est = getattr(r, which).estimate
+        ax.add_patch(Rectangle((x0, y0), 1.0 - x0, y1 - y0, fill=False, linestyle=(0, (3, 2)), linewidth=0.7,
+                               edgecolor="#B2182B", gid=f"region-{rname}-{tag}-{name}"))
+        if est == est:
+            ax.text(x0 - 0.02, (y0 + y1) / 2, f"{est:.2f}\u00d7", ha="right", va="center", fontsize=6,
+                    color="#B2182B", gid=f"region-label-{rname}-{tag}-{name}")
+
+
+def _panel(ax: Axes, grid: Any, name: str, norm: TwoSlopeNorm, zero: dict[str, float], *, contours: bool,
+           smoothed: bool = True) -> Any:
+    inten = _shown(grid, name, smoothed)
     G = inten.shape[0]
     edges = np.linspace(0.0, 1.0, G + 1)
     tag = "all" if grid.env is None else str(grid.env)
