@@ -4,6 +4,12 @@
 Usage:
   python benchmarks/bench_alloc_scope.py --model embedded --rows 8 --micro 4 --prompt 256 --response 32 \
       --mini-batches 3 --repeats 2
+  python benchmarks/bench_alloc_scope.py --alloc-only --rows 512 --micro 8 --response 150 --repeats 5
+
+``--alloc-only`` times just the allocation step as the actor runs it (canonical sort,
+float64 allocation, scatter back) for one mini-batch of the paper's size (Table A1
+WebShop: 64 prompts x 8 rollouts = 512 turn rows; 8-row micro-batches), SDAR vs ICSD,
+over the whole mini-batch (one call) or micro-batch by micro-batch (one call each).
 
 Runs the real :class:`~icsd_audit.train.actor.Actor` update (PPO dual clip + k3 KL +
 allocated distillation, SGD with lr 0 so every repeat sees the same weights) on
@@ -51,8 +57,44 @@ def make_data(vocab: int, *, n_rows: int, prompt: int, response: int, seed: int)
     return data
 
 
+def alloc_only(a: argparse.Namespace) -> None:
+    """Allocation time per mini-batch, whole mini-batch vs per micro-batch, SDAR vs ICSD."""
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(max(1, a.response // 2), a.response + 1, (a.rows,), generator=g)
+    n = int(lens.sum())
+    row = torch.repeat_interleave(torch.arange(a.rows), lens)
+    traj, turn = row // 2, row % 2  # two turns per trajectory
+    adv = torch.randn(a.rows // 2 + 1, generator=g)[row // 2]
+    ratio = torch.exp(0.02 * torch.randn(n, generator=g))
+    delta = 0.5 * torch.randn(n, generator=g)
+    pos = torch.arange(n) - (torch.cumsum(lens, 0) - lens)[row]
+    bounds = torch.cumsum(lens, 0).tolist()
+    micro_edges = [0] + [bounds[min(i + a.micro, a.rows) - 1] for i in range(0, a.rows, a.micro)]
+    res: dict[tuple[str, str], list[float]] = {}
+    for rep in range(a.repeats + 1):
+        for allocator in ("sdar", "icsd"):
+            act = Actor.__new__(Actor)  # only the allocation step is used
+            act.distill = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=8,
+                                       seed=0, coef=0.01)
+            for scope in ("mini-batch", "micro-batch"):
+                t0 = time.perf_counter()
+                spans = [(0, n)] if scope == "mini-batch" else list(zip(micro_edges[:-1], micro_edges[1:]))
+                for j, (lo, hi) in enumerate(spans):
+                    act._allocate_canonical(adv=adv[lo:hi], ratio=ratio[lo:hi], delta=delta[lo:hi], traj=traj[lo:hi],
+                                            turn=turn[lo:hi], pos=pos[lo:hi], bid=j, score_norm=None)
+                if rep:
+                    res.setdefault((allocator, scope), []).append(time.perf_counter() - t0)
+    print(f"allocation only: {a.rows} rows, {n} tokens per mini-batch, micro-batches of {a.micro} rows, "
+          f"{a.threads} thread(s), {a.repeats} repeats, load average {os.getloadavg()[0]:.2f}")
+    for scope in ("mini-batch", "micro-batch"):
+        s_, i_ = (statistics.median(res[(x, scope)]) for x in ("sdar", "icsd"))
+        print(f"{scope:12s}: sdar {1e3 * s_:.1f} ms, icsd {1e3 * i_:.1f} ms per mini-batch "
+              f"(icsd - sdar {1e3 * (i_ - s_):+.1f} ms)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--alloc-only", action="store_true", help="time only the allocation step (no model)")
     ap.add_argument("--model", default="embedded", help="'embedded' (SmolLM2-135M) or 'tiny-random'")
     ap.add_argument("--rows", type=int, default=8, help="rows (action turns) per actor mini-batch")
     ap.add_argument("--micro", type=int, default=4, help="rows per gradient micro-batch")
@@ -63,6 +105,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.alloc_only:
+        alloc_only(a)
+        return
     cpu = torch.device("cpu")
     model, tok = load_policy(a.model, device=cpu)
     model.eval()
