@@ -37,14 +37,15 @@ __all__ = ["SelfTeacher", "NoTeacher", "make_teacher", "skill_retriever"]
 
 def skill_retriever(bank: SkillBank, *, skill_mode: str, skill_match: str) -> Callable[[Any, str], str]:
     """``fn(ctx, student_text)`` -> skill text by the run's rule (the teacher's rule, for a skilled student)."""
-    cache: dict[str, str] = {}
+    cache: dict[tuple[str, str | None], str] = {}
 
     def fn(ctx: Any, student_text: str) -> str:
+        key = getattr(ctx, "key", None)
         if skill_match == "sdar" and skill_mode == "match":
-            return bank.retrieve_sdar(student_text).text
-        if ctx.task not in cache:
-            cache[ctx.task] = bank.retrieve(ctx.task, mode=skill_mode).text
-        return cache[ctx.task]
+            return bank.retrieve_sdar(student_text, key=key).text
+        if (ctx.task, key) not in cache:
+            cache[(ctx.task, key)] = bank.retrieve(ctx.task, key=key, mode=skill_mode).text
+        return cache[(ctx.task, key)]
 
     return fn
 
