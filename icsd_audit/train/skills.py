@@ -148,6 +148,10 @@ class SkillBank:
     source: str = ""
     #: Where this bank was loaded from (not written into the file).
     path: str = field(default="", compare=False)
+    #: Category names in SDAR's ``task_keywords`` order (set by :func:`import_sdar`, not
+    #: written into the file): :meth:`retrieve_sdar` concatenates matches in this order, as
+    #: SDAR does; empty means bank order.
+    sdar_order: tuple[str, ...] = field(default=(), compare=False)
     _patterns: dict[str, re.Pattern[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -325,6 +329,9 @@ class SkillBank:
             if c is not None:
                 return self._assemble([c], "key")
         cats = [c for c in self.categories if c.keywords and self.matches(c, prompt_text, match="substring")]
+        if self.sdar_order:
+            rank = {name: i for i, name in enumerate(self.sdar_order)}
+            cats.sort(key=lambda c: rank.get(c.name, len(rank)))
         return self._assemble(cats, "keyword") if cats else self._assemble((), "general")
 
     def _key_category(self, key: str) -> Category | None:
@@ -494,4 +501,5 @@ def import_sdar(path: str | Path, *, env: str | None = None, match: MatchMode = 
         description=f"imported from SDAR skills folder {folder.name}",
         source=f"sdar:{mapping_path}",
         path=str(mapping_path),
+        sdar_order=tuple(str(t) for t in task_keywords),
     )

@@ -382,3 +382,19 @@ def test_teacher_uses_the_configured_rule():
     ours = SelfTeacher(None, Builder(), bank, skill_match="instruction", **kw)
     assert sdar.skill_for(row) == GENERAL + "\n\n" + SHOES  # "boot" in the observation
     assert ours.skill_for(row) == GENERAL  # nothing in the instruction
+
+
+def test_retrieve_sdar_keeps_sdar_keyword_order(tmp_path):
+    d = tmp_path / "webshop"
+    d.mkdir()
+    (d / "general_skills.md").write_text("G")
+    (d / "a.md").write_text("A")
+    (d / "b.md").write_text("B")
+    mapping = {"skill_files": {"general_skills": "general_skills.md", "a": "a.md", "b": "b.md"},
+               "task_to_skill": {"a": "a", "b": "b"},
+               "task_keywords": {"b": ["boot"], "a": ["shirt"]}}  # keyword order differs from file order
+    (d / "skill_mapping.json").write_text(json.dumps(mapping))
+    bank = import_sdar(d)
+    prompt = "a shirt and a boot"
+    assert bank.retrieve_sdar(prompt).text == sdar_reference(d, prompt) == "G\n\nB\n\nA"
+    assert bank.retrieve(prompt).text == "G\n\nA\n\nB"  # the bank-order rule
