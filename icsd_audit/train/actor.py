@@ -32,8 +32,8 @@ but the gradient pass sees one micro-batch at a time. Two scopes:
   (``skip_first_prepass``), except for an allocator that reads the score norm
   (``fisher``), which only a forward gives. Cost: one extra no-grad forward per
   mini-batch after the first (docs/benchmarks.md has the measured figures).
-* ``micro-batch`` (the paper's "no extra forward or backward pass"; what a verl
-  integration sees, since verl's actor computes the loss per micro-batch): each gradient
+* ``micro-batch`` (the paper's "no extra forward or backward pass"; where SDAR's code
+  computes its weights, since verl's actor computes the loss per micro-batch): each gradient
   micro-batch allocates from its own forward (detached log-probs and score norms), with
   ``batch_id = 1000 * mini-batch id + micro-batch index`` (:func:`micro_batch_id`). What
   changes: the trust fit of SDAR's ``g``, the calibration groups (a turn index pooled

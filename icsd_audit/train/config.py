@@ -185,7 +185,7 @@ class TrainConfig:
     skip_first_prepass: bool = True
     """Skip the no-grad ratio pass on a step's first mini-batch, where the policy is still the rollout policy (ratio = 1 exactly); not for 'fisher', which needs the pass's score norms."""
     alloc_scope: str = "mini-batch"
-    """Where the allocation is fitted: 'mini-batch' (the SPEC's batch: one allocation per actor mini-batch from a no-grad ratio pre-pass) or 'micro-batch' (each gradient micro-batch allocates from its own forward: no extra pass, as the paper and a verl integration do; batch_id = 1000 * mini-batch id + micro index)."""
+    """Where the allocation is fitted: 'mini-batch' (the SPEC's batch: one allocation per actor mini-batch from a no-grad ratio pre-pass) or 'micro-batch' (each gradient micro-batch allocates from its own forward: no extra pass, as the paper and SDAR's code do; batch_id = 1000 * mini-batch id + micro index)."""
     teacher_rescore: bool = False
     """Re-score the teacher with the current weights on every mini-batch after a step's first (one extra no-grad teacher forward per mini-batch); False keeps SDAR's timing: the teacher is scored once per step with the rollout weights."""
 
