@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import typer
 
+from .help_format import install
+
+install()  # click-style help pages (PATHS..., TEXT, no type on flags) on any typer version
+
 app = typer.Typer(
     name="icsd",
     help="Influence Calibration for Self-Distillation: allocate, audit and train.",

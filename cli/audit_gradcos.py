@@ -54,8 +54,12 @@ def gradcos(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"icsd audit gradcos ({len(res.batch_ids)} batches, {res.n_permutations} permutations)")
-    for col in ("quantity", "estimate", "ci_low", "ci_high", "sketch s.e."):
+    level = f"{100 * confidence:g} %"
+    table = Table(title=f"icsd audit gradcos ({len(res.batch_ids)} batches, {res.n_permutations} permutations)",
+                  caption=(f"Cosines (-1 to 1) and their differences; {level} batch-bootstrap CI over {resamples:,} "
+                           "resamples; sketch s.e.: jackknife error of the random projection."),
+                  caption_justify="left")
+    for col in ("quantity", "estimate", f"{level} CI low", f"{level} CI high", "sketch s.e."):
         table.add_column(col, justify="left" if col == "quantity" else "right")
     err = res.sketch_error or {}
     for name in ("mean_base", "mean_compare", "mean_perm", "gain", "perm_gain", "pairing_gain"):
@@ -64,6 +68,6 @@ def gradcos(
             se = err.get(name)
             table.add_row(name, f"{r.estimate:.4f}", f"{r.ci_low:.4f}", f"{r.ci_high:.4f}", "-" if se is None else f"{se:.4f}")
     if res.skipped:
-        table.caption = (f"skipped {len(res.skipped)} batch{'es' if len(res.skipped) > 1 else ''} with an undefined "
-                         "cosine: " + "; ".join(f"batch {b}: {r}" for b, r in res.skipped))
+        table.caption += (f" skipped {len(res.skipped)} batch{'es' if len(res.skipped) > 1 else ''} with an undefined "
+                          "cosine: " + "; ".join(f"batch {b}: {r}" for b, r in res.skipped) + ".")
     Console().print(table)

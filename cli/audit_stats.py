@@ -57,11 +57,21 @@ def _emit(name: str, payload: dict[str, Any], as_json: bool) -> None:
     from rich.table import Table
 
     head = {k: payload[k] for k in ("n_tokens", "n_turns", "n_batches") if k in payload}
-    table = Table(title=f"icsd audit {name}" + (f"  ({', '.join(f'{k}={v:,}' for k, v in head.items())})" if head else ""))
-    for col in ("quantity", "estimate", "ci_low", "ci_high"):
+    rows = [(path, t) for path, t in _triples(payload, by=payload.get("by", ""))
+            if not path.endswith("shift_pp")]  # = diff, which this table already shows in pp
+    first = rows[0][1] if rows else {}
+    level = f"{100 * first.get('confidence_level', 0.95):g} %"
+    boot = f"{first.get('n_resamples', 0):,} {first.get('unit', 'action-turn')} resamples" if rows else ""
+    table = Table(title=f"icsd audit {name}" + (f"  ({', '.join(f'{k}={v:,}' for k, v in head.items())})" if head else ""),
+                  caption=(f"Shares in percent; diff = {payload.get('compare', 'compare')} \u2212 "
+                           f"{payload.get('base', 'base')} in percentage points (pp); {level} percentile "
+                           f"bootstrap CI over {boot}. --json gives fractions."),
+                  caption_justify="left")
+    for col in ("quantity", "estimate", f"{level} CI low", f"{level} CI high"):
         table.add_column(col, justify="left" if col == "quantity" else "right")
-    for path, t in _triples(payload, by=payload.get("by", "")):
-        table.add_row(path, *(f"{t[k]:.6g}" if t[k] is not None else "-" for k in ("estimate", "ci_low", "ci_high")))
+    for path, t in rows:
+        unit = " pp" if path.split(".")[-1] == "diff" else " %"
+        table.add_row(path, *(f"{100 * t[k]:.2f}{unit}" if t[k] is not None else "-" for k in ("estimate", "ci_low", "ci_high")))
     Console().print(table)
 
 

@@ -18,6 +18,12 @@ from typing import Sequence
 
 from . import audit_coeffs, synth, audit_stats, audit_gradcos, audit_report, train  # noqa: F401,I001  (registration order = help order)
 from .apps import app, audit_app
+from .help_format import reflow
+
+for _typer in (app, audit_app):  # one line per paragraph: no mid-sentence breaks in the command lists
+    for _info in _typer.registered_commands:
+        if _info.callback is not None:
+            _info.callback.__doc__ = reflow(_info.callback.__doc__)
 
 __all__ = ["app", "audit_app", "main"]
 

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 import typer
 
-from .common import handle_errors, stderr_console
+from .common import fail, handle_errors, stderr_console
 from .apps import app
+
+
+#: What ``pip install 'icsd[train]'`` adds (pyproject.toml), by import name.
+TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors")
+
+
+def _require_train_extra(command: str) -> None:
+    """Fail in one line, before any import, when the ``[train]`` extra is not installed."""
+    import importlib.util
+
+    missing = []
+    for name in TRAIN_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise fail(f"`icsd {command}` needs the [train] extra ({', '.join(missing)} not installed): "
+                   "pip install 'icsd[train]' (from a checkout: pip install -e '.[train]')")
 
 
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
@@ -30,32 +52,44 @@ def _print_fields() -> None:
 
 
 class _RichReporter:
-    """A rich progress bar over steps, the running phase, and one summary line per step."""
+    """A live bar for terminals: steps done, the running phase, elapsed time and an ETA.
+
+    The ETA is the mean time of the steps finished so far times the steps left (rich
+    shows -:--:-- until the first step is done); each finished step prints its summary
+    line above the bar, unwrapped.
+    """
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
 
         self.console = stderr_console()
         self.progress = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console)
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), console=self.console)
         self.task: Any = None
 
     def start(self, *, total_steps: int, start_step: int, out_dir: str) -> None:
-        self.console.print(f"training steps {start_step}..{total_steps - 1} -> [bold]{out_dir}[/]")
+        self.console.print(f"training steps {start_step}..{total_steps - 1} -> [bold]{out_dir}[/]", soft_wrap=True)
         self.progress.start()
         self.task = self.progress.add_task("starting", total=total_steps, completed=start_step)
 
     def phase(self, step: int, name: str) -> None:
-        self.progress.update(self.task, description=f"step {step}: {name}")
+        from icsd_audit.train.metrics import PHASE_LABELS
+
+        self.progress.update(self.task, description=f"step {step}: {PHASE_LABELS.get(name, name)}")
+
+    def phase_done(self, step: int, name: str, seconds: float) -> None:
+        return None
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
         from icsd_audit.train.metrics import summary_line
 
-        self.progress.console.print(summary_line(step, record), highlight=False)
+        self.progress.console.print(summary_line(step, record), highlight=False, soft_wrap=True)
         self.progress.update(self.task, completed=step + 1)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(text)
+        self.progress.console.print(text, highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
         self.progress.stop()
@@ -99,7 +133,11 @@ def train_cmd(
     resume_from: Optional[Path] = typer.Option(None, help="Continue from this checkpoint folder."),
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set lr=1e-5 (repeatable)."),
     list_fields: bool = typer.Option(False, "--list-fields", help="List every config field with its doc and exit."),
-    plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar."),
+    keep_checkpoints: Optional[int] = typer.Option(
+        None, help="Keep the newest N checkpoints (default 1; one is 1.6 GB for the 135M model)."),
+    weights_only: bool = typer.Option(
+        False, "--weights-only", help="Checkpoints without AdamW state (0.54 GB instead of 1.6 GB; a resume restarts AdamW)."),
+    plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar (the default when stderr is not a terminal)."),
     engine: str = typer.Option(
         "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer, first-turn episodes; icsd[trl]) "
         "or verl (writes verl_command.sh and launches it; needs GPUs, icsd[verl]). See docs/engines.md."),
@@ -121,13 +159,23 @@ def train_cmd(
 
     if engine not in ENGINES:
         raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine != "verl":  # verl brings its own environment
+        _require_train_extra("train")
+    # a live bar only on a terminal; logs get whole lines, one per phase, and no progress bars
+    log_lines = plain or not sys.stderr.isatty()
+    if log_lines:
+        import os
+
+        os.environ.setdefault("TQDM_DISABLE", "1")  # read when tqdm is imported (the GGUF conversion's bar)
     from icsd_audit.train.loop import train
     from icsd_audit.train.metrics import PrintReporter
 
     cfg = _build_config(preset, dict(env=env, env_url=env_url, model=model, out_dir=None if out is None else str(out),
                                      total_steps=steps, adv_estimator=adv, allocator=allocator, trust=trust,
                                      distill_coef=distill_coef, seed=seed, device=device, eval_every=eval_every,
-                                     dump_every=dump_every, sketch_k=sketch_k, sketch_layers=sketch_layers), set_)
+                                     dump_every=dump_every, sketch_k=sketch_k, sketch_layers=sketch_layers,
+                                     keep_checkpoints=keep_checkpoints,
+                                     checkpoint_optimizer=False if weights_only else None), set_)
     cfg.validate()
     if engine != "verl":  # verl brings its own environment (docs/engines.md)
         _check_env_data(cfg)
@@ -139,12 +187,16 @@ def train_cmd(
         else:
             eng.run_trl(cfg)
         return
-    reporter = PrintReporter() if plain else _RichReporter()
+    if log_lines:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    reporter = PrintReporter() if log_lines else _RichReporter()
     res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter)
     con = stderr_console()
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")
-              + (f"; checkpoint [bold]{res.checkpoint}[/]" if res.checkpoint else ""), highlight=False)
+              + (f"; checkpoint [bold]{res.checkpoint}[/]" if res.checkpoint else ""), highlight=False, soft_wrap=True)
 
 
 @app.command("eval")
@@ -170,6 +222,7 @@ def eval_cmd(
     """
     import json
 
+    _require_train_extra("eval")
     from icsd_audit.train.models import resolve_device, set_threads
     from icsd_audit.train.eval import evaluate
     from icsd_audit.train.loop import _default_env_factory, load_policy, resolve_precision

@@ -100,7 +100,9 @@ def batch_source(batch: TokenBatch, path: str | Path, *, paths: Sequence[str | P
         return flat.reshape(n, flat.size // n)
     cols = {c: _fixed_list(batch, c, path, paths) for c in names if c.startswith("sketch.")}
     if not cols:
-        raise DumpError(path, "no gradient sketch: need a 'grad' column or sketch.<layer>.out/.in columns", column="grad")
+        raise DumpError(path, "no gradient sketch: need sketch.<layer>.out/.in columns (train with `icsd train "
+                        "--sketch-k K`, e.g. 32) or a dense per-token 'grad' column written by any trainer "
+                        "(docs/gradients.md)", column="grad")
     return factors_from_columns(cols)
 
 

@@ -100,10 +100,20 @@ def report_tables(report: AuditReport) -> list[Table]:
                          ("bin", "tokens", "advantage range", bn, cn, "shift (pp)"), rows,
                          f"{sh.n_splus_tokens:,} tokens with \u0394 > 0."))
     land = report.landscape
-    out.append(Table("landscape", "Landscape grids", ("environment", "tokens", "grid", f"mean {bn}", f"mean {cn}"),
-                     tuple(("all" if g.env is None else str(g.env), f"{g.n_tokens:,}", f"{g.grid} \u00d7 {g.grid}",
-                            f"{g.mean[land.base_name]:.4g}", f"{g.mean[land.compare_name]:.4g}")
-                           for g in land.envs.values())))
+    grids = list(land.envs.values())
+    same = all(abs(g.mean[land.base_name] - g.mean[land.compare_name]) <= 1e-9 * max(abs(g.mean[land.base_name]), 1e-300)
+               for g in grids)
+    if same:  # one column, and why: a mass-preserving compare has the base's mean by construction
+        out.append(Table("landscape", "Landscape grids", ("environment", "tokens", "grid", "mean coefficient"),
+                         tuple(("all" if g.env is None else str(g.env), f"{g.n_tokens:,}", f"{g.grid} \u00d7 {g.grid}",
+                                f"{g.mean[land.base_name]:.4g}") for g in grids),
+                         f"{bn} and {cn} have the same mean coefficient here: {cn} moves weight between the tokens "
+                         "of each action turn and keeps the turn's total, so the means agree by construction; "
+                         "each grid's intensity is relative to its own weighting's mean."))
+    else:
+        out.append(Table("landscape", "Landscape grids", ("environment", "tokens", "grid", f"mean {bn}", f"mean {cn}"),
+                         tuple(("all" if g.env is None else str(g.env), f"{g.n_tokens:,}", f"{g.grid} \u00d7 {g.grid}",
+                                f"{g.mean[land.base_name]:.4g}", f"{g.mean[land.compare_name]:.4g}") for g in grids)))
     reg_rows = tuple(("all" if g.env is None else str(g.env), name, f"{r.n_tokens:,}", _ci(r.base, scale=1.0),
                       _ci(r.compare, scale=1.0), _ci(r.ratio, scale=1.0))
                      for g in land.envs.values() for name, r in (getattr(g, "regions", None) or {}).items())
@@ -153,9 +163,10 @@ def _skipped_note(g: Any) -> str:
 
 
 def _range(lo: float, hi: float) -> str:
+    """``[lo, hi]`` always, also for a bin whose advantages are all equal."""
     if lo != lo or hi != hi:
         return "empty"
-    return f"{lo:.3g}" if lo == hi else f"{lo:.3g} \u2026 {hi:.3g}"
+    return f"[{lo:.3g}, {hi:.3g}]"
 
 
 def _provenance_rows(report: AuditReport) -> list[tuple[str, str]]:

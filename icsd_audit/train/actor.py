@@ -75,6 +75,7 @@ from torch import Tensor
 from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.grads.sketch import GradientSketcher, SketchResult
 from icsd_audit.train.logprobs import autocast_for, pack, response_logprobs, score_rows, split_rows
+from icsd_audit.train.memory import OptimizerSpill, checkpointed_blocks
 from icsd_audit.train.sketching import response_sketch
 
 __all__ = [
@@ -278,11 +279,15 @@ class Actor:
                  ppo_epochs: int, grad_clip: float, skip_first_prepass: bool, shuffle_rows: bool, seed: int,
                  pad_id: int, device: torch.device, precision: str = "float32",
                  sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
-                 teacher_rescore: bool = False, pg_coef: float = 1.0):
+                 teacher_rescore: bool = False, pg_coef: float = 1.0, recompute_activations: bool = True,
+                 spill: OptimizerSpill | None = None):
         if alloc_scope not in ALLOC_SCOPES:
             raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
         self.alloc_scope, self.teacher_rescore, self.pg_coef = alloc_scope, teacher_rescore, float(pg_coef)
         self.model, self.opt, self.distill = model, optimizer, distill
+        # optimizer state on disk between steps (None: always in memory)
+        self.spill = spill if spill is not None else OptimizerSpill(optimizer, enabled=False)
+        self.recompute_activations = recompute_activations  # activation checkpointing (:mod:`.memory`)
         self.sketcher = sketcher  # per-token gradient sketches of dumped mini-batches (None: off)
         self.clip_ratio, self.dual_clip, self.kl_coef = clip_ratio, dual_clip, kl_coef
         self.temperature = temperature
@@ -450,9 +455,12 @@ class Actor:
         sketcher = self.sketcher if (sketch and self.distill.enabled) else None
         sketches: list[SketchResult] = []
         hooks = sketcher if sketcher is not None else nullcontext()
+        # the sketcher's hooked layers must run (and fire) once: their blocks are not recomputed
+        keep = sketcher.layer_names if sketcher is not None else []
         for j, m in enumerate(micro):
             packed = pack([data.prompts[i] for i in m], [data.responses[i] for i in m], pad_id=self.pad_id, device=dev)
-            with hooks:  # attached for this forward only
+            recompute = checkpointed_blocks(self.model, skip=keep) if self.recompute_activations else nullcontext()
+            with hooks, recompute:  # attached for this forward only
                 with autocast_for(dev, self.precision):
                     out = response_logprobs(self.model, packed, temperature=self.temperature, with_score_norm=want_sn)
                     lp2d, sn2d = out if want_sn else (out, None)
@@ -505,7 +513,8 @@ class Actor:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         stepped = math.isfinite(grad_norm)
         if stepped:
-            self.opt.step()
+            with self.spill.resident():
+                self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         timer.add("grad", time.perf_counter() - t0)
 

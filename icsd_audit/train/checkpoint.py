@@ -5,7 +5,10 @@ safetensors, config, tokenizer with its chat template: ``icsd eval --model`` and
 HF code load it as is) and ``trainer_state.pt`` (the next step to run, the optimizer
 state, the Python/NumPy/torch/CUDA RNG states, the config). A checkpoint is written
 into a temporary folder and renamed into place, so a crash never leaves a partial one
-where :func:`latest_checkpoint` would find it. Only the newest ``keep`` are kept.
+where :func:`latest_checkpoint` would find it. Only the newest ``keep`` are kept
+(``--keep-checkpoints``, default 1). Sizes for the 135M default: 0.54 GB of weights
+plus 1.08 GB of AdamW moments; ``checkpoint_optimizer=False`` writes the weights and
+RNG state only.
 """
 
 from __future__ import annotations
@@ -46,8 +49,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out_dir: str | Path, *, next_step: int, model: Any, tokenizer: Any, optimizer: Any,
-                    config: dict[str, Any], keep: int = 2, extra: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint taken after ``next_step - 1`` steps; prune old ones."""
+                    config: dict[str, Any], keep: int = 1, extra: dict[str, Any] | None = None,
+                    with_optimizer: bool = True) -> Path:
+    """Write the checkpoint taken after ``next_step - 1`` steps; prune all but the newest ``keep``.
+
+    ``with_optimizer=False`` leaves AdamW's moments out (two thirds of a checkpoint's
+    size); ``trainer_state.pt`` then holds ``"optimizer": None``.
+    """
     root = checkpoint_dir(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"{_PREFIX}{next_step - 1:06d}"
@@ -55,7 +63,8 @@ def save_checkpoint(out_dir: str | Path, *, next_step: int, model: Any, tokenize
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        torch.save({"next_step": int(next_step), "optimizer": optimizer.state_dict(), "rng": rng_state(),
+        opt_state = optimizer.state_dict() if with_optimizer else None
+        torch.save({"next_step": int(next_step), "optimizer": opt_state, "rng": rng_state(),
                     "config": config, **(extra or {})}, tmp / STATE_FILE)
         if target.exists():
             shutil.rmtree(target)

@@ -16,7 +16,8 @@ Presets:
   512 held-out questions; reward = exact match); ``--env searchqa --preset paper`` picks
   them (:func:`preset_for`).
 * ``cpu-demo``: the embedded SmolLM2-135M on CPU, 2 tasks x 4 rollouts, 2 turns,
-  48-token replies, 2 steps of four 4-row actor mini-batches (8 optimizer updates);
+  48-token replies, 2 steps of four 4-row actor mini-batches (8 optimizer updates),
+  gradient sketches with k = 32 in the dumps;
   it finishes in about ten minutes on a 2-core machine and writes real frozen batches
   (docs/training.md lists the measured time and the departures that make it fit).
 
@@ -189,6 +190,14 @@ class TrainConfig:
     teacher_rescore: bool = False
     """Re-score the teacher with the current weights on every mini-batch after a step's first (one extra no-grad teacher forward per mini-batch); False keeps SDAR's timing: the teacher is scored once per step with the rollout weights."""
 
+    # ------------------------------------------------------------------ memory (no effect on any number)
+    recompute_activations: bool = True
+    """Activation checkpointing in the actor's gradient pass: decoder blocks are recomputed in the backward instead of stored (same numbers bit for bit; most of the actor's activation memory saved for one more forward of the blocks)."""
+    spill_optimizer_state: bool | None = None
+    """Keep AdamW's moments (twice the weights) in an unlinked temporary file in the run folder between optimizer steps, read back for each step (same numbers bit for bit; one read and write of the moments per step); None: on CPU only."""
+    resident_reference: bool | None = None
+    """Keep the frozen reference policy in memory all run (True) or load it for each reference pass and free it after (False: one model's worth of memory less, about a second per step on the 135M model); None: resident on GPU only."""
+
     # ------------------------------------------------------------------ outputs
     dump_every: int = 1
     """Write the per-token rows of every actor mini-batch every N steps (0: never)."""
@@ -200,8 +209,10 @@ class TrainConfig:
     """Base seed of the sketch's random projections (each layer's seed is derived from it and the layer name; stored in the dump metadata)."""
     checkpoint_every: int = 10
     """Checkpoint every N steps (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
+    keep_checkpoints: int = 1
+    """How many recent checkpoints to keep (older ones are deleted once a new one is complete). A 135M-model checkpoint is 1.6 GB, of which 1.08 GB is AdamW state."""
+    checkpoint_optimizer: bool = True
+    """Save AdamW's moments in checkpoints (False: weights and RNG state only, a third of the size; a resume from such a checkpoint restarts AdamW from zero moments and says so)."""
     eval_every: int = 0
     """Evaluate on held-out instructions every N steps and at the end (0: never)."""
     eval_tasks: int = 128
@@ -413,6 +424,7 @@ def _cpu_demo() -> TrainConfig:
         rollout_batch_rows=8, mini_batch_rows=4, micro_batch_rows=4,
         lr=1e-5, total_steps=2, dump_every=1, checkpoint_every=0, keep_checkpoints=1,
         eval_every=0, eval_tasks=4, eval_temperature=0.7,
+        sketch_k=32,  # so that `icsd audit gradcos` and the report's alignment section work on its dumps
     )
 
 

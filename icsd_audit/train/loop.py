@@ -62,6 +62,7 @@ from icsd_audit.train.checkpoint import latest_checkpoint, load_trainer_state, s
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.logprobs import score_rows, split_rows
+from icsd_audit.train.memory import OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
 from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
@@ -167,19 +168,47 @@ class _Phases:
         try:
             yield
         finally:
+            release_freed_memory()  # the next phase starts from what is live, not this one's high-water mark
             self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
+            self.reporter.phase_done(self.step, name, self.t[name])
 
 
 class _Reference:
-    """The frozen initial policy's log-probs (k3 KL target)."""
+    """The frozen initial policy's log-probs (k3 KL target).
 
-    def __init__(self, model: Any, **kw: Any):
-        self.model, self.kw = model, kw
+    Resident (``model`` given): one copy kept all run. Otherwise ``load()`` reads the
+    initial weights from their source for each pass and they are freed after it: the
+    same float32 weights, so the same numbers, without a model's worth of memory
+    sitting idle through the rollout, the teacher and the actor update.
+    """
+
+    def __init__(self, model: Any | None, load: Callable[[], Any], **kw: Any):
+        self.model, self.load, self.kw = model, load, kw
 
     def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> list[torch.Tensor]:
+        model = self.model if self.model is not None else self.load()
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = score_rows(self.model, prompts, responses, split_rows(order, micro_batch_rows), **self.kw)
+        out = score_rows(model, prompts, responses, split_rows(order, micro_batch_rows), **self.kw)
+        del model
         return [out[i] for i in range(len(prompts))]
+
+
+def _frozen_loader(model: str, *, device: torch.device, seed: int) -> Callable[[], Any]:
+    """A loader of the initial weights as a frozen eval-mode model, without progress bars."""
+
+    def load() -> Any:
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            m = load_policy(model, device=device, seed=seed)[0]
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        return m.eval().requires_grad_(False)
+
+    return load
 
 
 class _NoReference:
@@ -217,6 +246,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     set_threads(cfg.threads)
+    map_large_allocations()  # no heap fragmentation under the activations (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
     ckpt = _resume_path(cfg, resume)
@@ -226,19 +256,28 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     # ---- models: the policy, and the frozen initial policy for the KL
     initial, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
     policy = initial if ckpt is None else load_policy(str(ckpt), device=device)[0]
+    release_freed_memory()  # a first run converts the embedded GGUF in this process
     policy.eval()  # no dropout anywhere (see the module docstring)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     score_kw = dict(pad_id=pad_id, device=device, temperature=cfg.temperature, precision=precision)
     if cfg.kl_coef > 0:
-        ref_model = copy.deepcopy(initial) if ckpt is None else initial
-        ref_model.eval().requires_grad_(False)
-        reference: _Reference | _NoReference = _Reference(ref_model, **score_kw)
+        resident = cfg.resident_reference if cfg.resident_reference is not None else device.type != "cpu"
+        ref_model = None
+        if resident:
+            ref_model = copy.deepcopy(initial) if ckpt is None else initial
+            ref_model.eval().requires_grad_(False)
+        elif ckpt is not None:
+            del initial  # the policy came from the checkpoint; the reference is reloaded per pass
+        reference: _Reference | _NoReference = _Reference(
+            ref_model, _frozen_loader(cfg.model, device=device, seed=cfg.seed), **score_kw)
     else:
         reference = _NoReference()
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    if state:
+    if state and state.get("optimizer") is not None:
         optimizer.load_state_dict(state["optimizer"])
+    spill_on = cfg.spill_optimizer_state if cfg.spill_optimizer_state is not None else device.type == "cpu"
+    spill = OptimizerSpill(optimizer, enabled=spill_on, directory=str(out))
 
     # ---- everything chosen by name, looked up once
     estimator = get_estimator(cfg.adv_estimator)
@@ -273,7 +312,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                   micro_batch_rows=cfg.micro_batch_rows, ppo_epochs=cfg.ppo_epochs, grad_clip=cfg.grad_clip,
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
-                  alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef)
+                  alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
+                  recompute_activations=cfg.recompute_activations, spill=spill)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
     writer = (_dump_writer(cfg, out, start, sketcher, env_data=getattr(envs[0], "data_info", None))
               if (distill.enabled and cfg.dump_every) else None)
@@ -285,6 +325,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     result = TrainResult(out_dir=out, start_step=start, next_step=start, metrics_path=log.path,
                          dumps_dir=None if writer is None else writer.out_dir, checkpoint=ckpt)
     reporter.start(total_steps=cfg.total_steps, start_step=start, out_dir=str(out))
+    if state and state.get("optimizer") is None:
+        reporter.message(f"{ckpt} holds no optimizer state (checkpoint_optimizer=False): AdamW restarts from zero moments")
 
     for step in range(start, cfg.total_steps):
         t_step = time.perf_counter()
@@ -334,8 +376,11 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
         reporter.step_done(step, record)
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or last:
             reporter.phase(step, "checkpoint")
-            result.checkpoint = save_checkpoint(out, next_step=step + 1, model=policy, tokenizer=tokenizer,
-                                                optimizer=optimizer, config=cfg.to_dict(), keep=cfg.keep_checkpoints)
+            with spill.resident():
+                result.checkpoint = save_checkpoint(out, next_step=step + 1, model=policy, tokenizer=tokenizer,
+                                                    optimizer=optimizer, config=cfg.to_dict(),
+                                                    keep=cfg.keep_checkpoints, with_optimizer=cfg.checkpoint_optimizer)
+    spill.close()
     reporter.finish()
     return result
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-__all__ = ["MetricsLog", "Reporter", "NullReporter", "PrintReporter", "step_tcm", "clean"]
+__all__ = ["MetricsLog", "Reporter", "NullReporter", "PrintReporter", "step_tcm", "clean", "clock", "summary_line"]
 
 
 def clean(x: Any) -> Any:
@@ -97,6 +98,8 @@ class Reporter(Protocol):
 
     def phase(self, step: int, name: str) -> None: ...
 
+    def phase_done(self, step: int, name: str, seconds: float) -> None: ...
+
     def step_done(self, step: int, record: Mapping[str, Any]) -> None: ...
 
     def message(self, text: str) -> None: ...
@@ -114,6 +117,9 @@ class NullReporter:
     def phase(self, step: int, name: str) -> None:
         return None
 
+    def phase_done(self, step: int, name: str, seconds: float) -> None:
+        return None
+
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
         return None
 
@@ -124,17 +130,57 @@ class NullReporter:
         return None
 
 
+#: How the loop's phase names read in logs (the metrics keep the short names: time/actor, ...).
+PHASE_LABELS = {"old_logp": "old log-probs", "teacher": "teacher pass", "reference": "reference pass",
+                "actor": "actor update"}
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss`` (or ``m:ss`` under an hour) of a duration."""
+    s = int(round(max(seconds, 0.0)))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
 class PrintReporter(NullReporter):
-    """One plain line per step on stderr."""
+    """Plain lines on stderr for logs: one per phase (with its time and the run's elapsed
+    time), one summary per step with an ETA from the mean step time so far.
+
+    Lines are written whole with ``print`` and never wrapped, whatever the width.
+    Other phases than rollout, teacher, reference and actor get a line only when they
+    took ``min_seconds`` or more (advantages, the sampler's old log-probs: instant).
+    """
+
+    def __init__(self, *, stream: Any = None, min_seconds: float = 0.05) -> None:
+        self.stream = stream
+        self.min_seconds = min_seconds
+        self.t0 = time.perf_counter()
+        self.total = 0
+        self.start_step = 0
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.stream if self.stream is not None else sys.stderr, flush=True)
 
     def start(self, *, total_steps: int, start_step: int, out_dir: str) -> None:
-        print(f"training steps {start_step}..{total_steps - 1} -> {out_dir}", file=sys.stderr)
+        self.t0 = time.perf_counter()
+        self.total, self.start_step = total_steps, start_step
+        self._say(f"training steps {start_step}..{total_steps - 1} -> {out_dir}")
+
+    def phase_done(self, step: int, name: str, seconds: float) -> None:
+        if seconds >= self.min_seconds or name in ("rollout", "teacher", "reference", "actor"):
+            label = PHASE_LABELS.get(name, name)
+            self._say(f"[{clock(time.perf_counter() - self.t0)}] step {step} {label}: {seconds:.1f} s")
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
-        print(summary_line(step, record), file=sys.stderr)
+        elapsed = time.perf_counter() - self.t0
+        done = step + 1 - self.start_step
+        left = self.total - step - 1
+        eta = f", ETA {clock(elapsed / done * left)}" if done > 0 and left > 0 else ""
+        self._say(f"[{clock(elapsed)}] {summary_line(step, record)}{eta}")
 
     def message(self, text: str) -> None:
-        print(text, file=sys.stderr)
+        self._say(text)
 
 
 def summary_line(step: int, r: Mapping[str, Any]) -> str:

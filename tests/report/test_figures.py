@@ -328,3 +328,23 @@ def test_landscape_draws_smoothed_intensity_and_region_outlines() -> None:
     (mesh,) = by_gid(fig, f"intensity-{env}-sdar")
     np.testing.assert_array_equal(mesh.get_array().filled(np.nan), g.intensity["sdar"].T)
     assert not any(by_gid(fig, f"region-{n}-{env}-sdar") for n in g.regions)
+
+
+# --------------------------------------------------------------------------- short runs (issue 15)
+
+
+def test_short_run_dynamics_has_integer_ticks_and_says_the_window_is_longer() -> None:
+    q = fx.quadrants_result()
+    fig = drawn(dynamics_figure(fx.GroupedResult("step", (0, 1), (q, q)), region="pos_delta_neg_adv", window=5))
+    ticks = [t for t in fig.axes[-1].get_xticks() if -0.5 <= t <= 1.5]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # was 0.0, 0.2, ... 1.0
+    title = fig.axes[0].get_legend().get_title().get_text()
+    assert "longer than the 2-step run; every mean covers the whole run" in title
+
+
+def test_window_caption_by_run_length() -> None:
+    from icsd_audit.report.figures.dynamics import window_caption
+
+    assert window_caption(np.arange(10.0), 5) == "pale: per step; dark: centred 5-step mean"
+    assert window_caption(np.arange(4.0), 5).endswith("(longer than the 4-step run)")
+    assert window_caption(np.arange(3.0), 5).endswith("(longer than the 3-step run; every mean covers the whole run)")

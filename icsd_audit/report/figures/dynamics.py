@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
 
 from icsd_audit.report.figures.style import BASE_COLOR, COLUMN_WIDTH, COMPARE_COLOR, DIFF_COLOR, display_name, paper_style, resolve_axes
@@ -81,7 +82,7 @@ def dynamics_figure(
                       label=display_name(names[side]), gid=f"mean-{side}")
         main.set_ylabel(ylabel or ("trusted mass on $\\hat{A}<0$ (%)" if region is None else f"{region} share (%)"))
         main.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title_fontsize=6, borderaxespad=0.2,
-                    title=f"pale: per step; dark: centred {window}-step mean")
+                    title=window_caption(steps, window))
         main.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
         if title:
             main.set_title(title)
@@ -98,4 +99,18 @@ def dynamics_figure(
             low.set_ylabel(f"{display_name(names['compare'])} \u2212 {display_name(names['base'])} (pp)")
             low.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
         axes[-1].set_xlabel("training step")
+        # steps are integers: ticks only there (a 2-step run got 0.0, 0.2, ... 1.0)
+        axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        if steps.size == 1:
+            axes[-1].set_xticks(steps, [f"{int(steps[0])}"])
     return fig
+
+
+def window_caption(steps: np.ndarray, window: int) -> str:
+    """The legend title; says so when the smoothing window spans the whole (short) run."""
+    span = int(steps.max() - steps.min()) + 1 if steps.size else 0
+    text = f"pale: per step; dark: centred {window}-step mean"
+    if window <= span:
+        return text
+    whole = "; every mean covers the whole run" if window // 2 >= span - 1 else ""
+    return f"{text} (longer than the {span}-step run{whole})"
