@@ -238,9 +238,11 @@ def test_exact_turn_mass_and_nonnegativity(b: dict[str, torch.Tensor], allocator
         assert out.c[sel].sum().item() == pytest.approx(out.g[sel].sum().item(), rel=1e-9, abs=1e-12)
 
 
-@settings(max_examples=150, deadline=None)
+# min_size 8: a batch of fewer than min_group tokens always takes the fixed map, which the
+# assume() below filters out; drawing such batches only made Hypothesis's filter health check flaky
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(-400, 400)), min_size=1, max_size=80),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(-400, 400)), min_size=8, max_size=80),
     st.sampled_from([0.25, 0.5, 2.0, 8.0]),
     st.integers(-40, 40),
 )
