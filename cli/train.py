@@ -107,8 +107,10 @@ def _check_env_data(cfg: Any) -> None:
 @handle_errors
 def train_cmd(
     preset: str = typer.Option(
-        "cpu-demo", help="Starting configuration: paper (Table A1) or cpu-demo; with --env searchqa their Search-QA variants."),
-    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop, searchqa)."),
+        "cpu-demo", help="Starting configuration: paper (Table A1) or cpu-demo; with --env searchqa or alfworld "
+                         "their variants."),
+    env: Optional[str] = typer.Option(
+        None, help="Environment (built-in: webshop, searchqa, alfworld; alfworld: pip install 'icsd\\[alfworld]')."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     model: Optional[str] = typer.Option(None, help="Local HF model folder, 'embedded' (SmolLM2-135M) or 'tiny-random'."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (metrics.jsonl, dumps/, checkpoints/)."),
@@ -151,6 +153,8 @@ def train_cmd(
     Search-QA over your own Search-R1 files: icsd train --env searchqa --preset paper --set searchqa_corpus=corpus.jsonl --set searchqa_data=train.parquet,test.parquet
 
     Example: icsd train --engine verl --preset paper --model /models/Qwen2.5-1.5B-Instruct --out runs/verl
+
+    ALFWorld: icsd train --env alfworld --preset cpu-demo --out runs/alf (generated games; --set alfworld_data=PATH or $ALFWORLD_DATA for the official ones).
     """
     if list_fields:
         _print_fields()
@@ -204,7 +208,8 @@ def train_cmd(
 def eval_cmd(
     model: str = typer.Option("embedded", help="Local HF model folder, a checkpoint folder, 'embedded' or 'tiny-random'."),
     preset: str = typer.Option("cpu-demo", help="Prompt and rollout settings to evaluate with (paper or cpu-demo)."),
-    env: Optional[str] = typer.Option(None, help="Environment (built-in: webshop, searchqa)."),
+    env: Optional[str] = typer.Option(
+        None, help="Environment (built-in: webshop, searchqa, alfworld; alfworld: pip install 'icsd\\[alfworld]')."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     tasks: Optional[int] = typer.Option(None, help="Number of held-out instructions (the first N of the split)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn budget per episode."),
@@ -214,11 +219,13 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the result as JSON here."),
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set history_window=2 (repeatable)."),
 ) -> None:
-    """Report WebShop score and success rate, or Search-QA exact match per subset (NQ ... Bam, Avg), on held-out tasks.
+    """Report WebShop score and success rate, Search-QA exact match per subset (NQ ... Bam, Avg) or ALFWorld success per task type (Pick ... Pick2, Avg), on held-out tasks.
 
     Example: icsd eval --model runs/demo/checkpoints/step-000002 --tasks 16
 
     Search-QA: icsd eval --env searchqa --model runs/sq/checkpoints/step-000200 --tasks 875
+
+    ALFWorld: icsd eval --env alfworld --model runs/alf/checkpoints/step-000002 --tasks 128
     """
     import json
 

@@ -35,7 +35,7 @@ __all__ = [
     "ENV_NAMES",
 ]
 
-ENV_NAMES = ("webshop", "searchqa")
+ENV_NAMES = ("webshop", "alfworld", "searchqa")
 
 
 def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
@@ -44,7 +44,9 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
     ``make_env("webshop", split="eval")`` is the offline WebShop;
     ``make_env("webshop", url="http://127.0.0.1:3000", split="eval")`` talks to a WebShop
     server; ``make_env("searchqa", split="eval")`` is Search-QA over the built-in KB (``url``:
-    a Search-R1 retrieval server). Keyword arguments go to the environment's constructor.
+    a Search-R1 retrieval server); ``make_env("alfworld", split="eval")`` plays ALFWorld
+    games on the real engine (the ``alfworld`` extra; ``data=PATH`` for the official games).
+    Keyword arguments go to the environment's constructor.
     """
     if name == "webshop":
         if url:
@@ -61,4 +63,10 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
         if url and not kwargs.get("retriever_url"):
             kwargs["retriever_url"] = url
         return SearchQAEnv(**kwargs)
+    if name == "alfworld":
+        if url:
+            raise ValueError("ALFWorld runs in-process on the real engine; it takes no url")
+        from .alfworld.env import AlfWorldEnv
+
+        return AlfWorldEnv(**kwargs)
     raise ValueError(f"unknown environment {name!r}; available: {', '.join(ENV_NAMES)}")

@@ -20,6 +20,15 @@ Presets:
   gradient sketches with k = 32 in the dumps;
   it finishes in about ten minutes on a 2-core machine and writes real frozen batches
   (docs/training.md lists the measured time and the departures that make it fit).
+* ``paper-alfworld``: the ALFWorld column of Table A1: 16 tasks x 8 rollouts, 50 turns,
+  prompt/response 2048/512 tokens, actor mini-batch 256 prompts (x 8 = 2048 turn rows),
+  lr 1e-6, ratio clip 0.2, KL 0.01, lambda 0.01, 150 updates, validation on 128 held-out
+  games; GiGPO with gamma 0.95 and unit step weight.
+* ``cpu-demo-alfworld``: ``cpu-demo`` on ALFWorld (3 turns, 1536-token prompts: the
+  opening lists every receptacle and the admissible actions run to dozens).
+
+``--env alfworld --preset paper`` (or ``cpu-demo``) picks the ALFWorld variant
+(:func:`preset_for`).
 
 ``allocator="none"`` is plain GRPO/GiGPO: the distillation weight is forced to 0, the
 teacher pass is skipped and no dumps are written (there is no delta to dump).
@@ -78,9 +87,11 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
-    """Environment name (built-in: webshop, searchqa)."""
+    """Environment name (built-in: webshop, alfworld, searchqa; alfworld needs `pip install 'icsd[alfworld]'`)."""
     env_url: str | None = None
     """URL of a real WebShop server; None uses the built-in offline WebShop."""
+    alfworld_data: str | None = None
+    """Official ALFWorld data folder (holding json_2.1.1/; train and valid_unseen games); None: $ALFWORLD_DATA, else the built-in generated games."""
     server_num_goals: int | None = None
     """With env_url: how many goals the server loaded (its train split is every goal after the first 500)."""
     train_split: str = "train"
@@ -88,7 +99,7 @@ class TrainConfig:
     eval_split: str = "eval"
     """Held-out split for evaluation."""
     max_turns: int = 15
-    """Maximum action turns per episode (Table A1: 15 for WebShop)."""
+    """Maximum action turns per episode (Table A1: 15 for WebShop, 50 for ALFWorld)."""
     history_window: int = 2
     """How many past (observation, action) pairs the prompt shows."""
     system_prompt: str | None = None
@@ -369,6 +380,16 @@ class TrainConfig:
         from icsd_audit.envs import ENV_NAMES
 
         need(self.env in ENV_NAMES, f"env={self.env!r}: available environments are {list(ENV_NAMES)}")
+        if self.env == "alfworld":
+            from icsd_audit.envs.alfworld.engine import ENGINE_HINT, engine_available
+
+            need(engine_available(), ENGINE_HINT)
+            need(not self.env_url, f"env_url={self.env_url!r}: ALFWorld runs in-process; unset env_url")
+        need(self.alfworld_data is None or self.env == "alfworld",
+             f"alfworld_data is set but env={self.env!r}; use --env alfworld or drop alfworld_data")
+        if self.alfworld_data is not None:
+            need(Path(self.alfworld_data).expanduser().is_dir(),
+                 f"alfworld_data={self.alfworld_data!r} is not a folder; point it at the folder holding json_2.1.1/")
         need(not self.one_shot or self.env in _ONE_SHOT_ENVS,
              f"one_shot=True has no worked example for env {self.env!r}; set one_shot=False")
         if not (self.model in _MODEL_ALIASES or Path(self.model).expanduser().is_dir()):
@@ -397,7 +418,7 @@ class TrainConfig:
 
 
 _MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
-_ONE_SHOT_ENVS = ("webshop", "searchqa")
+_ONE_SHOT_ENVS = ("webshop", "searchqa", "alfworld")
 
 
 def _paper() -> TrainConfig:
@@ -446,10 +467,24 @@ def _cpu_demo_searchqa() -> TrainConfig:
     )
 
 
+def _paper_alfworld() -> TrainConfig:
+    return _paper().replace(
+        out_dir="runs/paper-alfworld", env="alfworld", max_turns=50, max_prompt_tokens=2048,
+        mini_batch_rows=256 * 8,
+    )
+
+
+def _cpu_demo_alfworld() -> TrainConfig:
+    return _cpu_demo().replace(
+        out_dir="runs/cpu-demo-alfworld", env="alfworld", max_turns=3, max_prompt_tokens=1536, reward="won10",
+    )
+
+
 #: Preset name -> factory. ``<name>-<env>`` is the variant of preset ``name`` for ``env``
 #: (see :func:`preset_for`).
 PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo,
-           "paper-searchqa": _paper_searchqa, "cpu-demo-searchqa": _cpu_demo_searchqa}
+           "paper-searchqa": _paper_searchqa, "cpu-demo-searchqa": _cpu_demo_searchqa,
+           "paper-alfworld": _paper_alfworld, "cpu-demo-alfworld": _cpu_demo_alfworld}
 
 
 def preset(name: str) -> TrainConfig:

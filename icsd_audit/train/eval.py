@@ -21,7 +21,7 @@ import torch
 from icsd_audit.envs import TextEnv
 from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
 
-__all__ = ["EvalResult", "evaluate"]
+__all__ = ["EvalResult", "evaluate", "group_success", "group_counts"]
 
 
 @dataclass
@@ -36,10 +36,13 @@ class EvalResult:
     #: Success per task group, keyed by the paper's column names, plus their unweighted mean
     #: ``Avg`` (Search-QA: exact match per subset, NQ ... Bam); empty for envs without groups.
     subsets: dict[str, float] = field(default_factory=dict)
+    #: Episodes behind each entry of ``subsets``.
+    subset_tasks: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["subsets"] = dict(self.subsets)
+        d["subset_tasks"] = dict(self.subset_tasks)
         return d
 
 
@@ -64,7 +67,8 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
     model.train(was_training)
     m = batch.metrics()
     return EvalResult(split=split, n_tasks=n, success=m["success"], score=m["score"], invalid_rate=m["invalid_rate"],
-                      turns=m["turns"], seconds=time.perf_counter() - t0, subsets=group_success(probe, batch))
+                      turns=m["turns"], seconds=time.perf_counter() - t0, subsets=group_success(probe, batch),
+                      subset_tasks=group_counts(probe, batch))
 
 
 def group_success(env: TextEnv, batch: Any) -> dict[str, float]:
@@ -72,13 +76,35 @@ def group_success(env: TextEnv, batch: Any) -> dict[str, float]:
 
     The paper's Search-QA ``Avg`` is the plain mean of the seven subset EMs (e.g. GRPO,
     Qwen2.5-1.5B: (16.6 + 34.1 + 15.9 + 16.1 + 24.8 + 3.4 + 58.1) / 7 = 24.1).
+    An env with ``group_average = "episodes"`` (ALFWorld) gets ``Avg`` = wins / episodes
+    instead, as Table 1's ALFWorld Avg is (GRPO, 1.5B: 84 / 128 = 65.6, while the mean of
+    its six columns is 61.9); ``task_groups`` (a tuple of names) orders the columns.
     """
+    won = _won_by_group(env, batch)
+    if not won:
+        return {}
+    out = {g: sum(v) / len(v) for g, v in won.items()}
+    if getattr(env, "group_average", "groups") == "episodes":
+        out["Avg"] = sum(sum(v) for v in won.values()) / sum(len(v) for v in won.values())
+    else:
+        out["Avg"] = sum(out.values()) / len(out)
+    return out
+
+
+def group_counts(env: TextEnv, batch: Any) -> dict[str, int]:
+    """Episodes per group (and in all, ``Avg``), in :func:`group_success`'s order."""
+    won = _won_by_group(env, batch)
+    out = {g: len(v) for g, v in won.items()}
+    if out:
+        out["Avg"] = sum(out.values())
+    return out
+
+
+def _won_by_group(env: TextEnv, batch: Any) -> dict[str, list[bool]]:
     group_of = getattr(env, "task_group", None)
     if group_of is None or not batch.trajectories:
         return {}
-    won: dict[str, list[bool]] = {}
-    for t in batch.trajectories:
+    won: dict[str, list[bool]] = {g: [] for g in getattr(env, "task_groups", ())}
+    for t in sorted(batch.trajectories, key=lambda t: t.traj):
         won.setdefault(group_of(t.task), []).append(bool(t.won))
-    out = {g: sum(v) / len(v) for g, v in won.items()}
-    out["Avg"] = sum(out.values()) / len(out)
-    return out
+    return {g: v for g, v in won.items() if v}

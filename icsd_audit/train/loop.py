@@ -134,6 +134,8 @@ def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
                           retriever_url=cfg.retriever_url)
+        if cfg.env == "alfworld":
+            kwargs["data"] = cfg.alfworld_data
         return make_env(cfg.env, url=cfg.env_url, **kwargs)
 
     return factory
@@ -367,7 +369,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
             ev["step"] = step
             eval_log.write(ev)
             result.evals.append(ev)
-            record.update({f"eval/{k}": v for k, v in ev.items() if k not in ("step", "split", "subsets")})
+            record.update({f"eval/{k}": v for k, v in ev.items() if k not in ("step", "split", "subsets", "subset_tasks")})
             record.update({f"eval/subsets/{g}": v for g, v in ev.get("subsets", {}).items()})
             record["time/eval"] = time.perf_counter() - t0
         log.write(record)

@@ -45,7 +45,7 @@ SKILL_HEADER = "[Privileged Skill Information]"
 #: One line describing the agent's role, per environment; unknown names get a generic one.
 ENV_INTROS: dict[str, str] = {
     "webshop": "You are an expert autonomous agent shopping in the WebShop e-commerce environment.",
-    "alfworld": "You are an expert agent completing household tasks in the ALFWorld text environment.",
+    "alfworld": "You are an expert agent operating in the ALFRED Embodied Environment.",  # verl-agent's wording
     "searchqa": "You are an expert agent answering questions with the help of a search engine.",
 }
 _GENERIC_INTRO = "You are an expert autonomous agent acting in a text environment."

@@ -87,6 +87,19 @@ ONE_SHOT: dict[str, tuple[TurnContext, str]] = {
         "<think>I do not know the author for sure, so I search for the novel first.</think>"
         "<search> Pride and Prejudice novel author </search>",
     ),
+    # no generated game puts a spraybottle in a fridge (CAN_CONTAIN has no such pair)
+    "alfworld": (
+        TurnContext(
+            task="put some spraybottle in fridge.",
+            observation="-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
+                        "around you, you see a cabinet 1, a countertop 1, a fridge 1, and a toilet 1.\n\n"
+                        "Your task is to: put some spraybottle in fridge.",
+            actions=("go to cabinet 1", "go to countertop 1", "go to fridge 1", "go to toilet 1", "inventory", "look"),
+            env="alfworld",
+        ),
+        "<think>I must find a spraybottle first; toiletries are often on the toilet, so I look there.</think>"
+        "<action>go to toilet 1</action>",
+    ),
 }
 
 

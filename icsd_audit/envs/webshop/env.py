@@ -109,6 +109,12 @@ class WebShopEnv:
         """The current episode's goal (instruction, target, attributes, options, price cap)."""
         return self._goal
 
+    @property
+    def data_info(self) -> dict[str, Any]:
+        """Where the tasks come from (stored in the dumps' metadata under ``env_data``)."""
+        return {"name": self.name, "split": self.split, "tasks": len(self.tasks), "synthetic": True,
+                "source": f"icsd synthetic WebShop catalogue v{self.catalogue.version}"}
+
     def reset(self, task: int | Mapping[str, Any] | None = None) -> Observation:
         """Start an episode on task index ``task`` of the split, a goal mapping, or a random task."""
         if task is None:
