@@ -141,8 +141,8 @@ def test_allocation_on_alfworld_rollouts_is_recomputed_exactly_and_eval_has_colu
     opts = AllocatorOptions(allocator="icsd", trust=cfg.trust, min_group=cfg.min_group, eps=cfg.alloc_eps)
     n = 0
     for batch in DumpReader([res.dumps_dir], columns=None):
-        alloc = allocate_batch(batch, opts)
-        assert np.abs(batch.arrays["advantage"]).max() > 0.01  # a non-degenerate batch
+        alloc = allocate_batch(batch.tokens, opts)
+        assert np.abs(batch.tokens.advantage).max() > 0.01  # a non-degenerate batch
         for k in ("g", "m", "c"):
             assert np.array_equal(getattr(alloc, k).numpy().astype(np.float32), batch.table.column(k).to_numpy()), k
         n += 1

@@ -93,16 +93,8 @@ class AlfWorldEnv:
         return column_of(self.task_type(task))
 
     def describe(self) -> dict[str, Any]:
-        """Where the tasks come from, for run metadata (dumps, eval reports)."""
-        if self.games.__class__.__name__ == "_LazyGames":
-            from .games import SPLIT_SEEDS
-            from .generate import GENERATOR_VERSION
-
-            return {"name": self.name, "split": self.split, "tasks": len(self.games), "synthetic": True,
-                    "source": f"icsd ALFWorld game generator v{GENERATOR_VERSION}, split seed {SPLIT_SEEDS[self.split]}"}
-        first = self.games.ref(0).path
-        return {"name": self.name, "split": self.split, "tasks": len(self.games), "synthetic": False,
-                "source": f"official ALFWorld data ({first.parents[2]})"}
+        """Where the tasks come from, for run metadata (dumps, eval reports): synthetic or official."""
+        return {"name": self.name, "split": self.split, "tasks": len(self.games), **self.games.describe()}
 
     def reset(self, task: int | None = None) -> Observation:
         """Start an episode on task index ``task`` of the split, or a random task."""

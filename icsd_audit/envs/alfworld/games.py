@@ -139,6 +139,8 @@ def _cache_dir() -> Path:
 class _LazyGames:
     """The generated games of a split; each one is written to the cache when first asked for."""
 
+    synthetic = True
+
     def __init__(self, split: str, manifest: dict[str, Any], cache: Path):
         self.split = split
         self.entries: list[dict[str, Any]] = manifest["splits"][split]
@@ -146,6 +148,10 @@ class _LazyGames:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def describe(self) -> dict[str, Any]:
+        return {"synthetic": True, "source": f"icsd ALFWorld game generator v{GENERATOR_VERSION}, "
+                                             f"split seed {SPLIT_SEEDS[self.split]}"}
 
     def task_type(self, i: int) -> str:
         return TASK_TYPES[i % len(TASK_TYPES)]
@@ -212,7 +218,7 @@ def game_files(split: str, *, data: str | Path | None = None) -> Any:
     """
     data = data if data else _env_data()
     if data:
-        return _OfficialGames(official_games(data, split))
+        return _OfficialGames(official_games(data, split), Path(data).expanduser().resolve())
     return generated_games(split)
 
 
@@ -232,8 +238,13 @@ def _env_data() -> str | None:
 
 
 class _OfficialGames:
-    def __init__(self, refs: tuple[GameRef, ...]):
-        self.refs = refs
+    synthetic = False
+
+    def __init__(self, refs: tuple[GameRef, ...], root: Path):
+        self.refs, self.root = refs, root
+
+    def describe(self) -> dict[str, Any]:
+        return {"synthetic": False, "source": f"official ALFWorld data under {self.root}"}
 
     def __len__(self) -> int:
         return len(self.refs)
