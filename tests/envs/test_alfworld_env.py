@@ -96,8 +96,8 @@ def test_episode_ends_after_max_steps_with_reward_zero():
         env.reset(10_000)
 
 
-def test_describe_marks_generated_games_synthetic():
-    d = make_env("alfworld", split="eval").describe()
+def test_data_info_marks_generated_games_synthetic():
+    d = make_env("alfworld", split="eval").data_info
     assert d["synthetic"] is True and d["tasks"] == len(load_manifest()["splits"]["eval"])
     assert f"split seed {SPLIT_SEEDS['eval']}" in d["source"]
 
@@ -127,7 +127,7 @@ def _fake_official(root: Path) -> Path:
 def test_official_data_path_plays_the_same_way(tmp_path, monkeypatch):
     data = _fake_official(tmp_path)
     train = make_env("alfworld", split="train", data=str(data))
-    assert train.num_tasks == 3 and train.describe()["synthetic"] is False
+    assert train.num_tasks == 3 and train.data_info["synthetic"] is False
     assert [train.task_column(i) for i in range(3)] == ["Look", "Pick", "Clean"]  # sorted by folder name
     monkeypatch.setenv("ALFWORLD_DATA", str(data))
     ev = make_env("alfworld", split="eval")

@@ -13,8 +13,8 @@ import pytest
 
 from icsd_audit.envs import StepResult
 from icsd_audit.envs.alfworld.engine import ENGINE_HINT, engine_available
-from icsd_audit.train.config import ConfigError, TrainConfig, preset
-from icsd_audit.train.eval import per_column_success
+from icsd_audit.train.config import ConfigError, TrainConfig, preset, preset_for
+from icsd_audit.train.eval import group_counts, group_success
 
 needs_engine = pytest.mark.skipif(not engine_available(),
                                   reason="ALFWorld engine not installed: pip install 'icsd[alfworld]'")
@@ -30,16 +30,17 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def test_alfworld_presets_match_table_a1():
-    p = preset("paper", env="alfworld")
-    assert p.env == "alfworld" and TrainConfig.from_preset("paper-alfworld").to_dict() == p.to_dict()
+    assert preset_for("paper", "alfworld") == "paper-alfworld" and preset_for("cpu-demo", "alfworld") == "cpu-demo-alfworld"
+    p = preset("paper-alfworld")
+    assert p.env == "alfworld"
     assert (p.n_tasks, p.group_size, p.max_turns, p.eval_tasks) == (16, 8, 50, 128)
     assert (p.max_prompt_tokens, p.max_response_tokens) == (2048, 512)
     assert p.mini_batch_rows == 256 * 8 and p.lr == 1e-6 and p.clip_ratio == 0.2
     assert p.kl_coef == 0.01 and p.distill_coef == 0.01 and p.total_steps == 150
     assert (p.adv_estimator, p.gamma, p.step_weight) == ("gigpo", 0.95, 1.0)
-    d = TrainConfig.from_preset("cpu-demo", env="alfworld")
+    d = preset("cpu-demo-alfworld")
     assert d.env == "alfworld" and d.model == "embedded" and d.one_shot and d.max_turns == 3
-    assert TrainConfig.from_preset("cpu-demo").env == "webshop"  # WebShop stays the default
+    assert preset(preset_for("cpu-demo", None)).env == "webshop"  # WebShop stays the default
     if engine_available():
         p.validate()
         d.validate()
@@ -53,7 +54,7 @@ def test_missing_engine_is_one_line_with_the_install_command(monkeypatch, tmp_pa
 
     monkeypatch.setattr(engine, "engine_available", lambda: False)
     with pytest.raises(ConfigError, match=r"pip install 'icsd\[alfworld\]'"):
-        TrainConfig.from_preset("cpu-demo", env="alfworld").validate()
+        preset("cpu-demo-alfworld").validate()
     with pytest.raises(engine.EngineMissingError, match=r"icsd\[alfworld\]"):
         engine.require_engine()
     res = CliRunner().invoke(app, ["train", "--env", "alfworld", "--model", "tiny-random", "--steps", "1",
@@ -63,13 +64,36 @@ def test_missing_engine_is_one_line_with_the_install_command(monkeypatch, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
-def test_per_column_success_by_hand():
+class _Traj:
+    def __init__(self, traj: int, task: int, won: bool):
+        self.traj, self.task, self.won = traj, task, won
+
+
+class _Batch:
+    def __init__(self, won_by_task: list[bool]):
+        self.trajectories = [_Traj(i, i, w) for i, w in enumerate(won_by_task)]
+
+
+class _TypedEnv:
+    """task i has the column below; ALFWorld's ordering and episode average."""
+
     cols = ["Pick2", "Pick", "Look", "Pick", "Cool", "Pick"]
-    won = [True, True, False, False, True, True]
-    rates, counts = per_column_success(cols, won)
-    assert list(rates) == ["Pick", "Look", "Cool", "Pick2", "Avg"]  # the paper's order, then Avg
-    assert rates == {"Pick": 2 / 3, "Look": 0.0, "Cool": 1.0, "Pick2": 1.0, "Avg": 4 / 6}
-    assert counts == {"Pick": 3, "Look": 1, "Cool": 1, "Pick2": 1, "Avg": 6}
+    task_groups = ("Pick", "Look", "Clean", "Heat", "Cool", "Pick2")
+    group_average = "episodes"
+
+    def task_group(self, task: int) -> str:
+        return self.cols[task]
+
+
+def test_per_type_success_by_hand():
+    batch = _Batch([True, True, False, False, True, True])
+    rates = group_success(_TypedEnv(), batch)
+    assert list(rates) == ["Pick", "Look", "Cool", "Pick2", "Avg"]  # the paper's order, empty types left out
+    assert rates == {"Pick": 2 / 3, "Look": 0.0, "Cool": 1.0, "Pick2": 1.0, "Avg": 4 / 6}  # Avg = wins / episodes
+    assert group_counts(_TypedEnv(), batch) == {"Pick": 3, "Look": 1, "Cool": 1, "Pick2": 1, "Avg": 6}
+    env = _TypedEnv()
+    env.group_average = "groups"  # Search-QA's Avg: the mean of the columns
+    assert group_success(env, batch)["Avg"] == (2 / 3 + 0.0 + 1.0 + 1.0) / 4
 
 
 @needs_engine
@@ -88,7 +112,7 @@ def test_cli_train_writes_alfworld_dumps_that_audit_coeffs_recomputes(tmp_path):
     assert len(shards) == 2  # cpu-demo: 2 tasks x 2 rollouts x 2 turns = 8 rows, 4-row mini-batches
     meta = json.loads(pq.ParquetFile(shards[0]).schema_arrow.metadata[b"icsd.dump"])
     assert meta["producer"]["env"] == "alfworld" and meta["train_config"]["env"] == "alfworld"
-    assert meta["env_tasks"]["synthetic"] is True and meta["env_tasks"]["name"] == "alfworld"
+    assert meta["env_data"]["synthetic"] is True and meta["env_data"]["name"] == "alfworld"
     deployed = pa.concat_tables([pq.read_table(s) for s in shards])
     assert set(deployed.column("env").to_pylist()) == {"alfworld"}
     out = tmp_path / "coeffs.parquet"
@@ -113,7 +137,8 @@ class VariedAlfWorld:
         VariedAlfWorld.created += 1
         self.ident = VariedAlfWorld.created
         self.name, self.max_steps, self.num_tasks = "alfworld", 2, self.inner.num_tasks
-        self.describe, self.task_column = self.inner.describe, self.inner.task_column
+        self.data_info, self.task_column = self.inner.data_info, self.inner.task_column
+        self.task_group, self.task_groups, self.group_average = self.inner.task_group, self.inner.task_groups, "episodes"
 
     def reset(self, task=None):
         self._task = task
@@ -148,7 +173,7 @@ def test_allocation_on_alfworld_rollouts_is_recomputed_exactly_and_eval_has_colu
         n += 1
     assert n == 2
     ev = res.evals[0]
-    assert list(ev["columns"]) == ["Pick", "Look", "Clean", "Avg"]  # the first three eval games: one of each
-    assert ev["column_tasks"] == {"Pick": 1, "Look": 1, "Clean": 1, "Avg": 3}
-    assert ev["columns"]["Avg"] == ev["success"]
-    assert "eval/success/Clean" in res.records[0]
+    assert list(ev["subsets"]) == ["Pick", "Look", "Clean", "Avg"]  # the first three eval games: one of each
+    assert ev["subset_tasks"] == {"Pick": 1, "Look": 1, "Clean": 1, "Avg": 3}
+    assert ev["subsets"]["Avg"] == ev["success"]
+    assert "eval/subsets/Clean" in res.records[0]

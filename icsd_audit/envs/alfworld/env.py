@@ -28,7 +28,7 @@ from typing import Any
 from ..base import Observation, StepResult, match_admissible, step_info
 from .engine import keep_argv, make_game_env, require_engine
 from .games import GameRef, game_files
-from .scenes import column_of
+from .scenes import TASK_COLUMNS, column_of
 
 __all__ = ["AlfWorldEnv", "TASK_MARKER", "NOTHING_HAPPENS"]
 
@@ -92,9 +92,19 @@ class AlfWorldEnv:
         """The paper's column (Pick, Look, Clean, Heat, Cool, Pick2) of task ``task``."""
         return column_of(self.task_type(task))
 
-    def describe(self) -> dict[str, Any]:
-        """Where the tasks come from, for run metadata (dumps, eval reports): synthetic or official."""
+    @property
+    def data_info(self) -> dict[str, Any]:
+        """Where the games come from, synthetic or official (the trainer stores it in the dumps as ``env_data``)."""
         return {"name": self.name, "split": self.split, "tasks": len(self.games), **self.games.describe()}
+
+    #: Per-type success for evaluation (:func:`icsd_audit.train.eval.group_success`): the paper's
+    #: columns in its order, and ``Avg`` over episodes (Table 1's ALFWorld Avg is wins / games).
+    task_groups = tuple(TASK_COLUMNS.values())
+    group_average = "episodes"
+
+    def task_group(self, task: int) -> str:
+        """The paper's column (Pick, Look, Clean, Heat, Cool, Pick2) of task ``task``."""
+        return self.task_column(task)
 
     def reset(self, task: int | None = None) -> Observation:
         """Start an episode on task index ``task`` of the split, or a random task."""
