@@ -26,7 +26,10 @@ class EngineMissingError(ImportError):
 
 def engine_available() -> bool:
     """Whether alfworld, textworld and fast_downward can be imported (without importing them)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("alfworld", "textworld", "fast_downward"))
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in ("alfworld", "textworld", "fast_downward"))
+    except (ImportError, ValueError):
+        return False
 
 
 def require_engine() -> None:
