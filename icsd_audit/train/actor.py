@@ -1,5 +1,8 @@
 """The actor update: PPO dual-clip surrogate + k3 KL to the initial policy + allocated distillation.
 
+The per-token terms are the functions of :mod:`icsd_audit.train.losses`; this module runs them
+over mini-batches and micro-batches and deploys the allocation.
+
 Per token ``t`` of an actor mini-batch ``B`` (valid response tokens only), the loss is
 
     L = 1/|B| * sum_t [ pg_t + kl_coef * kl_t + lambda * sg(c_t) * l_KD_t ]
@@ -74,16 +77,12 @@ from torch import Tensor
 
 from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.grads.sketch import GradientSketcher, SketchResult
+from icsd_audit.train.losses import token_losses
 from icsd_audit.train.logprobs import autocast_for, pack, response_logprobs, score_rows, split_rows
 from icsd_audit.train.memory import OptimizerSpill, checkpointed_blocks
 from icsd_audit.train.sketching import response_sketch
 
 __all__ = [
-    "ppo_dual_clip_loss",
-    "low_var_kl",
-    "kd_loss",
-    "token_losses",
-    "TokenLosses",
     "Distillation",
     "NoDistillation",
     "make_distillation",
@@ -93,69 +92,6 @@ __all__ = [
     "micro_batch_id",
     "ALLOC_SCOPES",
 ]
-
-
-# --------------------------------------------------------------------------------------
-# Loss pieces (per token)
-# --------------------------------------------------------------------------------------
-
-
-def ppo_dual_clip_loss(logp: Tensor, old_logp: Tensor, advantage: Tensor, *, clip_ratio: float = 0.2,
-                       dual_clip: float = 3.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """verl's clipped surrogate with dual clip, per token.
-
-    Returns ``(loss, ratio, clipped, dual_clipped)``; ``clipped`` is verl's pg_clipfrac
-    indicator (the clipped branch is the larger loss), ``dual_clipped`` marks tokens
-    with A < 0 where the dual-clip cap binds.
-    """
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    l1 = -advantage * ratio
-    l2 = -advantage * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
-    clip1 = torch.maximum(l1, l2)
-    l3 = -advantage * dual_clip
-    clip2 = torch.minimum(l3, clip1)
-    neg = advantage < 0
-    loss = torch.where(neg, clip2, clip1)
-    return loss, ratio, l2 > l1, (clip1 > l3) & neg
-
-
-def low_var_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """verl's ``low_var_kl`` (Schulman's k3 estimator of KL(pi || ref)), per token."""
-    kl = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (torch.exp(kl) - kl - 1.0).clamp(-10.0, 10.0)
-
-
-def kd_loss(logp: Tensor, teacher_logp: Tensor) -> Tensor:
-    """l_KD = sg(teacher log-prob) - student log-prob, per token (Eq. sampled_aux)."""
-    return teacher_logp.detach() - logp
-
-
-@dataclass
-class TokenLosses:
-    total: Tensor  # per-token objective; sum / |B| is the mini-batch loss
-    pg: Tensor
-    kl: Tensor
-    kd: Tensor
-    aux: Tensor  # lambda * c * kd
-    ratio: Tensor
-    clipped: Tensor
-    dual_clipped: Tensor
-
-
-def token_losses(*, logp: Tensor, old_logp: Tensor, advantage: Tensor, ref_logp: Tensor | None,
-                 teacher_logp: Tensor | None, c: Tensor | None, clip_ratio: float, dual_clip: float,
-                 kl_coef: float, distill_coef: float, pg_coef: float = 1.0) -> TokenLosses:
-    """Every per-token term of the actor loss; ``None`` inputs make their term 0.
-
-    ``pg_coef`` weights the surrogate (0: no RL loss, stand-alone OPSD)."""
-    pg, ratio, clipped, dual = ppo_dual_clip_loss(logp, old_logp, advantage, clip_ratio=clip_ratio, dual_clip=dual_clip)
-    zero = torch.zeros_like(logp)
-    kl = low_var_kl(logp, ref_logp) if ref_logp is not None else zero
-    kd = kd_loss(logp, teacher_logp) if teacher_logp is not None else zero
-    aux = distill_coef * c.detach() * kd if (c is not None and teacher_logp is not None) else zero
-    total = (pg if pg_coef == 1.0 else pg_coef * pg) + kl_coef * kl + aux
-    return TokenLosses(total=total, pg=pg, kl=kl, kd=kd, aux=aux, ratio=ratio, clipped=clipped, dual_clipped=dual)
 
 
 # --------------------------------------------------------------------------------------

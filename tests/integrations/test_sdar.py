@@ -10,7 +10,7 @@ import torch
 
 from icsd_audit.alloc.variants import allocate
 from icsd_audit.integrations.sdar import C_KEY, allocate_dataproto, compute_icsd_loss, dump_writer, stable_traj_id
-from icsd_audit.train.actor import token_losses
+from icsd_audit.train.losses import token_losses
 
 torch.set_num_threads(1)
 

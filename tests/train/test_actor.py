@@ -14,11 +14,8 @@ from icsd_audit.train.actor import (
     NoDistillation,
     StepData,
     batch_id_for,
-    kd_loss,
-    low_var_kl,
-    ppo_dual_clip_loss,
-    token_losses,
 )
+from icsd_audit.train.losses import kd_loss, low_var_kl, ppo_dual_clip_loss, token_losses
 
 LOG = math.log
 

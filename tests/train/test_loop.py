@@ -257,7 +257,7 @@ def test_baseline_switches_validate():
 def test_pg_coef_zero_leaves_kl_and_distillation_only():
     import torch
 
-    from icsd_audit.train.actor import token_losses
+    from icsd_audit.train.losses import token_losses
 
     logp = torch.tensor([-1.0, -2.0])
     kw = dict(logp=logp, old_logp=torch.tensor([-1.1, -1.9]), advantage=torch.tensor([1.0, -1.0]),
