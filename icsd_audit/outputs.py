@@ -259,9 +259,7 @@ def publish_directory(out: str | Path, files: Mapping[str, bytes], *, owned: Cal
             if not os.path.lexists(target):
                 os.rename(new, target)
                 new = None  # type: ignore[assignment]
-            elif _exchange(new, target):
-                pass  # ``new`` now holds the old set
-            else:
+            elif not _exchange(new, target):  # after an exchange ``new`` holds the old set
                 old = Path(tempfile.mkdtemp(prefix=_prefix(target, "old"), dir=target.parent))
                 os.rename(target, old / "d")
                 os.rename(new, target)

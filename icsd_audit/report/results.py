@@ -25,7 +25,7 @@ REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
 
 
 def _leftover(rel: str) -> bool:
-    """A temporary of an interrupted atomic write (``.NAME.XXXX.tmp``)."""
+    """A temporary of an interrupted atomic write (``.NAME.<random>.tmp``)."""
     name = rel.rsplit("/", 1)[-1]
     return name.startswith(".") and name.endswith(".tmp")
 
