@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from icsd_audit.dumps.reader import DumpError
+
 from .kb import SUBSETS, KnowledgeBase, QAItem
 
 __all__ = ["SearchQADataError", "read_qa_parquet", "iter_corpus", "write_searchr1", "SEARCH_R1_PREFIX"]
@@ -36,17 +38,8 @@ SEARCH_R1_PREFIX = (
 )
 
 
-class SearchQADataError(ValueError):
-    """Bad user data: a one-line message naming the file, the column and the row."""
-
-    def __init__(self, path: Path | str, message: str, column: str | None = None, row: int | None = None):
-        where = str(path)
-        if column is not None:
-            where += f": column '{column}'"
-        if row is not None:
-            where += f", row {row}"
-        super().__init__(f"{where}: {message}")
-        self.path, self.column, self.row = str(path), column, row
+class SearchQADataError(DumpError):
+    """Bad user data: a one-line message naming the file, the column and the row (as a dump error)."""
 
 
 def _str_list(value: Any) -> list[str] | None:
