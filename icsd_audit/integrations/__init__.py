@@ -13,9 +13,9 @@ See docs/engines.md.
 from __future__ import annotations
 
 from icsd_audit.integrations.core import (
-    PaddedAllocation, allocate_padded, distillation_loss, distillation_token_loss, dump_rows, dump_writer,
+    AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss, distillation_token_loss, dump_rows, dump_writer,
     duplicate_rows, mini_batch_ids, turn_ids_from_mask, write_dump,
 )
 
-__all__ = ["PaddedAllocation", "allocate_padded", "distillation_loss", "distillation_token_loss", "dump_rows",
+__all__ = ["AllocationSettings", "PaddedAllocation", "allocate_padded", "distillation_loss", "distillation_token_loss", "dump_rows",
            "dump_writer", "duplicate_rows", "mini_batch_ids", "turn_ids_from_mask", "write_dump"]

@@ -42,7 +42,10 @@ from torch import Tensor
 from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
 
 __all__ = [
+    "AllocationSettings",
     "PaddedAllocation",
+    "tcm",
+    "tcm_sums",
     "turn_ids_from_mask",
     "duplicate_rows",
     "allocate_padded",
@@ -224,6 +227,47 @@ def mini_batch_ids(n_rows: int, *, mini_batch_rows: int, dp_size: int = 1) -> np
     if per_rank % m:
         raise ValueError(f"{per_rank} rows per rank do not split into mini-batches of {m}")
     return (np.arange(n_rows) % per_rank) // m
+
+
+# ------------------------------------------------------------------------------ settings and TCM
+
+
+@dataclass(frozen=True)
+class AllocationSettings:
+    """The allocation settings every engine integration takes (SPEC defaults); engines add their own fields."""
+
+    #: lambda, the distillation weight (paper: 0.01).
+    distill_coef: float = 0.01
+    #: allocator name: ``icsd`` (default), ``sdar``, ``opsd`` or an ablation variant.
+    allocator: str = "icsd"
+    #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
+    trust: str = "laplace"
+    #: minimum calibration-group size before falling back to batch statistics.
+    min_group: int = 8
+    #: scale floor, degenerate-turn threshold and TCM's |u| threshold.
+    eps: float = 1e-4
+    #: seed of the ``permuted`` control.
+    seed: int = 0
+
+    def allocator_kwargs(self) -> dict[str, Any]:
+        """The keywords of :func:`~icsd_audit.alloc.variants.allocate` these settings fix."""
+        return dict(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps, seed=self.seed)
+
+
+def tcm_sums(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> tuple[float, float]:
+    """(numerator, denominator) of SPEC 6's TCM of weights ``w`` over the masked tokens.
+
+    Sums pool across mini-batches, so a step's TCM is ``sum num / sum den``.
+    """
+    sel = mask.bool() & (delta > 0) & (u.abs() > eps)
+    return float(w[sel & (u < 0)].sum()), float(w[sel].sum())
+
+
+def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> float:
+    """SPEC 6 TCM of weights ``w`` over the masked tokens (NaN when no token qualifies): a training-time point
+    estimate; ``icsd audit tcm`` gives the same number on the dumps, with bootstrap intervals."""
+    num, den = tcm_sums(w, u, delta, mask, eps)
+    return num / den if den > 0 else float("nan")
 
 
 # ------------------------------------------------------------------------------ loss

@@ -52,8 +52,8 @@ if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if 
     warnings.warn(f"TRL {trl.__version__} is outside the range ICSDGRPOTrainer was tested with (1.16.x); "
                   "pip install 'icsd[trl]'", RuntimeWarning, stacklevel=2)
 
-from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, dump_writer,
-                                          turn_ids_from_mask, write_dump)
+from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss,
+                                          dump_writer, tcm, turn_ids_from_mask, write_dump)
 
 __all__ = ["ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm"]
 
@@ -61,26 +61,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ICSDConfig:
-    """ICSD settings of a TRL run (SPEC defaults)."""
+class ICSDConfig(AllocationSettings):
+    """ICSD settings of a TRL run: the shared allocation settings plus where to dump."""
 
-    #: lambda, the distillation weight (paper: 0.01).
-    distill_coef: float = 0.01
-    #: allocator name (``icsd``, ``sdar``, ``opsd`` or an ablation variant).
-    allocator: str = "icsd"
-    #: base trust: ``laplace`` (paper), ``sigmoid`` (SDAR code) or ``uniform``.
-    trust: str = "laplace"
-    #: minimum calibration-group size before falling back to batch statistics.
-    min_group: int = 8
-    #: scale floor and degenerate-turn threshold.
-    eps: float = 1e-4
-    #: seed of the ``permuted`` control.
-    seed: int = 0
     #: folder for schema-v1 dumps (one shard per generation batch); ``None``: no dumps.
     dump_dir: str | None = None
-
-    def allocator_kwargs(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps, seed=self.seed)
 
 
 def skill_teacher_prompt(bank: Any, *, task_key: str | None = None, mode: str = "match") -> Callable[[dict], Any]:
@@ -104,13 +89,6 @@ def skill_teacher_prompt(bank: Any, *, task_key: str | None = None, mode: str = 
         return msgs
 
     return build
-
-
-def tcm(w: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, eps: float = 1e-4) -> float:
-    """SPEC 6 TCM of weights ``w`` over the masked tokens (NaN when no token qualifies)."""
-    sel = mask.bool() & (delta > 0) & (u.abs() > eps)
-    den = float(w[sel].sum())
-    return float(w[sel & (u < 0)].sum()) / den if den > 0 else float("nan")
 
 
 def _traj_base(step: int) -> int:

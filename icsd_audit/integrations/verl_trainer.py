@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import allocate_padded, dump_writer, mini_batch_ids, turn_ids_from_mask, write_dump
+from icsd_audit.integrations.core import (AllocationSettings, allocate_padded, dump_writer, mini_batch_ids, tcm_sums,
+                                          turn_ids_from_mask, write_dump)
 from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -49,21 +50,12 @@ __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privilege
 
 
 @dataclass(frozen=True)
-class ICSDVerlConfig:
-    """The ``icsd`` section of a verl config (``+icsd.<field>=...`` on the command line)."""
+class ICSDVerlConfig(AllocationSettings):
+    """The ``icsd`` section of a verl config (``+icsd.<field>=...`` on the command line).
 
-    #: lambda, the distillation weight (paper: 0.01).
-    distill_coef: float = 0.01
-    #: allocator name: ``icsd`` (default), ``sdar``, ``opsd`` or an ablation variant.
-    allocator: str = "icsd"
-    #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
-    trust: str = "laplace"
-    #: minimum calibration-group size.
-    min_group: int = 8
-    #: scale floor.
-    eps: float = 1e-4
-    #: seed of the ``permuted`` control.
-    seed: int = 0
+    The shared allocation settings plus the teacher's SkillBank and the dump folder.
+    """
+
     #: SkillBank name (``webshop``, ``alfworld``, ``searchqa``) or JSON path.
     skillbank: str = "webshop"
     #: retrieval mode: ``match`` (keyword match), ``all`` or ``general``.
@@ -81,9 +73,6 @@ class ICSDVerlConfig:
         if bad:
             raise ValueError(f"unknown icsd option(s) {bad}; valid: {sorted(known)}")
         return ICSDVerlConfig(**items)
-
-    def allocator_kwargs(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps, seed=self.seed)
 
 
 def v1_mini_batch_ids(n_rows: int, *, mini_batch_size: int, dp_size: int) -> np.ndarray:
@@ -162,26 +151,26 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
     mask = response_mask.bool()
     delta = (teacher_log_probs - old_log_probs).float()
     c = torch.zeros(mask.shape, dtype=torch.float32)
-    ws: dict[str, list[float]] = {"c": [], "g": [], "cu": [], "gu": []}
+    n_mini = 0
+    sums = {"icsd": [0.0, 0.0], "sdar": [0.0, 0.0]}  # (numerator, denominator) pooled over mini-batches
     for k in np.unique(mini_batch):
         rows = torch.as_tensor(np.flatnonzero(mini_batch == k))
         bid = int(step) * 1000 + int(k)
         a = allocate_padded(advantage=advantage[rows], ratio=1.0, delta=delta[rows], response_mask=mask[rows],
                             traj_id=traj_id[rows], turn_id=turn_id[rows], batch_id=bid, **cfg.allocator_kwargs())
         c[rows] = a.c.float()
-        sel = mask[rows] & (delta[rows] > 0) & (a.u.abs() > cfg.eps)
-        ws["c"].append(float(a.c[sel].sum()))
-        ws["cu"].append(float(a.c[sel & (a.u < 0)].sum()))
-        ws["g"].append(float(a.g[sel].sum()))
-        ws["gu"].append(float(a.g[sel & (a.u < 0)].sum()))
+        for name, w in (("icsd", a.c), ("sdar", a.g)):
+            num, den = tcm_sums(w, a.u, delta[rows], mask[rows], cfg.eps)
+            sums[name][0] += num
+            sums[name][1] += den
+        n_mini += 1
         if writer is not None:
             write_dump(writer, a, batch_id=bid, traj_id=traj_id[rows], advantage=advantage[rows], ratio=1.0,
                        delta=delta[rows], response_mask=mask[rows],
                        extra={"logp": old_log_probs[rows], "teacher_logp": teacher_log_probs[rows],
                               "step": torch.full((rows.numel(),), int(step))})
-    div = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731
-    metrics = {"icsd/tcm_icsd": div(sum(ws["cu"]), sum(ws["c"])), "icsd/tcm_sdar": div(sum(ws["gu"]), sum(ws["g"])),
-               "icsd/mini_batches": float(len(ws["c"]))}
+    metrics = {f"icsd/tcm_{name}": num / den if den > 0 else float("nan") for name, (num, den) in sums.items()}
+    metrics["icsd/mini_batches"] = float(n_mini)
     return c, metrics
 
 
