@@ -1,5 +1,5 @@
 """``python -m icsd_audit.cli`` runs the same entry point as the ``icsd`` console script."""
 
-from .main import main
+from .main import entry
 
-main()
+entry()
