@@ -7,15 +7,18 @@ SDAR-vs-X comparison allocate once per batch.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 
 from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA, Allocation, allocate, get_allocator
 from icsd_audit.tokens import Tokens, Weights
 
-__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "required_columns"]
+__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "weighted_batches", "required_columns"]
+
+B = TypeVar("B")
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,31 @@ def weight_pair(tokens: Tokens, base: AllocatorOptions, compare: AllocatorOption
         w2 = allocate_batch(tokens, second).c.numpy()
     w = {first: alloc.c.numpy(), second: w2}
     return Weights(w[base], w[compare], base_name=base.allocator, compare_name=compare.allocator), alloc.u.numpy()
+
+
+def weighted_batches(batches: Iterable[B], base: AllocatorOptions, compare: AllocatorOptions, *,
+                     workers: int = 1) -> Iterator[tuple[B, Weights, np.ndarray]]:
+    """``(batch, weights, u)`` of each batch (anything with ``.tokens``), in input order.
+
+    Batches are allocated independently, so ``workers`` threads allocate up to that
+    many batches at once (torch releases the GIL inside its kernels).  Each batch is
+    still computed by one thread with torch's one intra-op thread, so every weight is
+    bitwise the same whatever ``workers`` is; results come back in input order, so
+    downstream sums are too.  At most ``workers`` batches are in flight.
+    """
+    if workers <= 1:
+        for batch in batches:
+            yield (batch, *weight_pair(batch.tokens, base, compare))  # type: ignore[attr-defined]
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="icsd-alloc") as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.submit(weight_pair, batch.tokens, base, compare)))  # type: ignore[attr-defined]
+            if len(pending) >= workers:
+                done, fut = pending.popleft()
+                yield (done, *fut.result())
+        while pending:
+            done, fut = pending.popleft()
+            yield (done, *fut.result())

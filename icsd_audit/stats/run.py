@@ -2,8 +2,10 @@
 
 Each batch is read once, allocated once per distinct allocator
 (:func:`icsd_audit.alloc.options.weight_pair`), reduced to per-turn sums by the accumulators
-and dropped; the bootstrap runs once at the end on those sums.  Memory is one batch
-plus a few floats per action turn.
+and dropped; the bootstrap runs once at the end on those sums.  Reading runs one batch
+ahead and ``workers`` batches are allocated at once (each by one thread, so the
+numbers do not depend on it), so memory is ``workers + 2`` batches plus a few floats
+per action turn.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from icsd_audit.alloc.options import AllocatorOptions, required_columns, weight_pair
+from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
 
@@ -62,8 +64,8 @@ def run_audit(
     acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
                            n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
     n = len(reader.batch_ids)
-    for i, batch in enumerate(prefetch(reader)):
-        weights, u = weight_pair(batch.tokens, req.base, req.compare)
+    for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
+                                                              workers=req.workers)):
         acc.add(batch.tokens.replace(u=u), weights,
                 group=_group_key(batch, req.by, str(reader.paths[int(batch.file_index[0])])))
         if progress is not None:
@@ -76,8 +78,7 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int =
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it)."""
     reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator)
-    for batch in prefetch(reader):
-        weights, _ = weight_pair(batch.tokens, req.base, req.compare)
+    for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
         acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
     return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level,
                         rng=np.random.default_rng(req.seed))
