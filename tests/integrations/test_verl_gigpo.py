@@ -47,7 +47,7 @@ def reference(rewards: torch.Tensor, mask: torch.Tensor, group: list, traj: list
         for k, (s, e) in enumerate(runs):
             lo = 0 if k == 0 else s
             hi = runs[k + 1][0] if k + 1 < len(runs) else T
-            recs.append((group[b], traj[b], offset[b] + k, float(rewards[b, lo:hi].double().sum()), int(anchor[b, s])))
+            recs.append((group[b], traj[b], offset[b] + k, sum(float(x) for x in rewards[b, lo:hi]), int(anchor[b, s])))
             where.append((b, s, e))
     cols = list(zip(*recs))
     res = gigpo_advantages(TurnRecords.from_arrays(group=cols[0], traj=cols[1], turn=cols[2], reward=cols[3],
@@ -177,3 +177,17 @@ def test_without_anchors_plain_verl_gets_one_line():
     with pytest.raises(ValueError) as e2:
         compute_advantage(data, adv_estimator="gigpo", config=AlgoConfig(adv_estimator="gigpo"))
     assert str(e2.value) == NEEDS_ICSD_SYNC
+
+
+def test_another_gigpo_in_verl_is_refused(monkeypatch):
+    from verl.trainer.ppo import core_algos
+
+    from icsd_audit.integrations.verl import VerlCompatError
+
+    def compute_gigpo_outcome_advantage(**_):  # e.g. a verl-agent build's own estimator
+        return None
+
+    monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "gigpo", compute_gigpo_outcome_advantage)
+    with pytest.raises(VerlCompatError, match="verl already has an advantage estimator 'gigpo' "
+                                              r"\(tests.integrations.test_verl_gigpo.compute_gigpo_outcome_advantage\)"):
+        register_estimator()
