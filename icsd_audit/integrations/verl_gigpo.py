@@ -123,7 +123,8 @@ def turn_anchors(prompts: Tensor, prompt_lengths: Tensor, responses: Tensor, res
     if K == 0:
         return torch.zeros(B, T, dtype=torch.long)
     # observation segment (local turn it precedes) of every token of [prompt | response]; -1: none
-    in_prompt = (torch.arange(prompts.shape[1]).view(1, -1) < torch.as_tensor(prompt_lengths).cpu().view(-1, 1)) & (n_turns > 0).view(-1, 1)
+    plen = torch.as_tensor(prompt_lengths).cpu().view(-1, 1)
+    in_prompt = (torch.arange(prompts.shape[1]).view(1, -1) < plen) & (n_turns > 0).view(-1, 1)
     p_seg = torch.where(in_prompt, 0, -1)
     nxt = last + 1  # a 0-token's observation belongs to the next turn, if the row has one
     r_seg = torch.where(~mask & (nxt < n_turns.view(-1, 1)), nxt, -1)
@@ -157,9 +158,8 @@ def turn_records(token_level_rewards: Tensor, response_mask: Tensor, *, group: T
     B, T = mask.shape
     last, n_turns = _last_turn(mask)
     first_rec = torch.cumsum(n_turns, 0) - n_turns
-    start = mask.clone()
-    start[:, 1:] &= ~mask[:, :-1]
-    rb, rt = torch.nonzero(start, as_tuple=True)
+    prev = torch.cat([torch.full((B, 1), -1, dtype=torch.long), last[:, :-1]], dim=1)
+    rb, rt = torch.nonzero(last > prev, as_tuple=True)  # each turn's first assistant token
     # span of a turn: its first assistant token up to the next turn's; tokens before the row's first turn go to it
     has = (n_turns > 0).view(-1, 1).expand(B, T)
     span_rec = (first_rec.view(-1, 1) + last.clamp(min=0))[has]
@@ -178,7 +178,8 @@ def gigpo_token_advantages(token_level_rewards: Tensor, response_mask: Tensor, *
     """``[B, T]`` GiGPO advantages (each turn's value on its assistant tokens, 0 elsewhere) and the per-turn result."""
     rec, token_rec = turn_records(token_level_rewards, response_mask, group=group, traj_id=traj_id,
                                   turn_offset=turn_offset, anchor=anchor)
-    res = gigpo_advantages(rec, gamma=gamma, step_weight=step_weight, mode=mode, epsilon=epsilon)  # type: ignore[arg-type]
+    res = gigpo_advantages(rec, gamma=gamma, step_weight=step_weight, mode=mode,  # type: ignore[arg-type]
+                           epsilon=epsilon)
     out = torch.zeros(token_rec.shape, dtype=token_level_rewards.dtype)
     on = token_rec >= 0
     out[on] = res.advantages[token_rec[on]].to(out.dtype)

@@ -232,7 +232,8 @@ def register() -> type:
             dp = DataProto(batch=padded)
             # verl's agent loop copies a session's final score onto its earlier outputs and verl's own v1 GRPO reads
             # the final output only: the episode's reward is counted once, on the final row
-            dp.batch["token_level_scores"] = padded["rm_scores"] * sessions.final.view(-1, 1).to(padded["rm_scores"].dtype)
+            scores = padded["rm_scores"]
+            dp.batch["token_level_scores"] = scores * sessions.final.view(-1, 1).to(scores.dtype)
             if alg.use_kl_in_reward:
                 dp, kl_metrics = apply_kl_penalty(dp, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=alg.kl_penalty)
                 metrics.update(kl_metrics)
