@@ -8,9 +8,11 @@
   is the environment's reward for the parsed action (shaped like the built-in run's
   ``invalid_penalty``).  Multi-turn agents need ``builtin`` or ``verl``.
 * ``verl`` -- writes ``verl_command.sh`` (``python -m verl.trainer.main_ppo`` with the
-  ``icsd_sync`` trainer and the run's settings) into the run folder and runs it; it needs
-  NVIDIA GPUs and a rollout engine (vLLM or SGLang), and stops with one line (exit 2)
-  when they are missing.
+  ``icsd_sync`` trainer and the run's settings, the advantage estimator included: verl's
+  ``grpo`` or our ``gigpo`` with the run's gamma, step weight and mode; the run's
+  ``invalid_penalty`` has no verl counterpart, since verl rows carry no per-turn validity)
+  into the run folder and runs it; it needs NVIDIA GPUs and a rollout engine (vLLM or
+  SGLang), and stops with one line (exit 2) when they are missing.
 """
 
 from __future__ import annotations
@@ -36,8 +38,16 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
     # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
     # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
     mini = max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
+    # the run's estimator: verl's grpo, or gigpo (registered by our plug-in, anchors from icsd_sync)
+    if cfg.adv_estimator == "gigpo":
+        adv = ["algorithm.adv_estimator=gigpo", f"algorithm.gamma={cfg.gamma}"]
+        icsd_adv = [f"+icsd.step_weight={cfg.step_weight}", f"+icsd.gigpo_mode={cfg.gigpo_mode}"]
+    else:
+        adv = [f"algorithm.adv_estimator={cfg.adv_estimator}",
+               f"algorithm.norm_adv_by_std_in_grpo={'true' if cfg.norm_adv_by_std else 'false'}"]
+        icsd_adv = []
     return [
-        "algorithm.adv_estimator=grpo",
+        *adv,
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
         f"data.train_batch_size={cfg.n_tasks}", f"data.max_prompt_length={cfg.max_prompt_tokens}",
         f"data.max_response_length={cfg.max_response_tokens}",
@@ -63,7 +73,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
         f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
         f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
-        f"+icsd.dump_dir={cfg.out_dir}/dumps",
+        f"+icsd.dump_dir={cfg.out_dir}/dumps", *icsd_adv,
     ]
 
 

@@ -23,6 +23,11 @@ verl's own advantage computation, the driver
    ``set_loss_fn``), whose ``token-mean`` aggregation over verl's global token count makes
    micro-batches and ranks add up to the paper's ``lambda/|B|`` mini-batch term exactly.
 
+With ``algorithm.adv_estimator=gigpo`` the advantages themselves are GiGPO's
+(:mod:`icsd_audit.integrations.verl_gigpo`): verl's advantage step runs with verl's own
+KL-in-reward and rollout-correction functions, and the registered ``gigpo`` estimator
+gets the per-turn anchor states only this trainer can supply.
+
 Exact vs approximated: the allocation uses ratio 1 (old policy = current policy), the
 paper's value on a step's first mini-batch; later mini-batches (``ppo_epochs > 1`` or
 several mini-batches per step) would need the current ratio before their update, which
@@ -33,7 +38,6 @@ row's ``response_mask`` is one action turn.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -44,6 +48,7 @@ from torch import Tensor
 from icsd_audit.integrations.core import (AllocationSettings, allocate_padded, dump_writer, mini_batch_ids, tcm_sums,
                                           turn_ids_from_mask, write_dump)
 from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
+from icsd_audit.integrations.verl_gigpo import Sessions, register_estimator, turn_anchors
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
            "allocate_mini_batches", "tcm", "register"]
@@ -53,7 +58,9 @@ __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privilege
 class ICSDVerlConfig(AllocationSettings):
     """The ``icsd`` section of a verl config (``+icsd.<field>=...`` on the command line).
 
-    The shared allocation settings plus the teacher's SkillBank and the dump folder.
+    The shared allocation settings plus the teacher's SkillBank, the dump folder and,
+    with ``algorithm.adv_estimator=gigpo``, GiGPO's options (``gamma`` is verl's
+    ``algorithm.gamma``).
     """
 
     #: SkillBank name (``webshop``, ``alfworld``, ``searchqa``) or JSON path.
@@ -62,6 +69,16 @@ class ICSDVerlConfig(AllocationSettings):
     skill_mode: str = "match"
     #: folder for schema-v1 dumps written by the driver; empty: none.
     dump_dir: str = ""
+    #: GiGPO weight of the step-level (anchor-state) advantage (verl-agent's ``step_advantage_w``).
+    step_weight: float = 1.0
+    #: GiGPO normalisation at both levels: ``mean_norm`` (verl-agent's default) or ``mean_std_norm``.
+    gigpo_mode: str = "mean_norm"
+    #: GiGPO's ``std + epsilon`` floor (used by ``mean_std_norm``).
+    gigpo_epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.gigpo_mode not in ("mean_norm", "mean_std_norm"):
+            raise ValueError(f"icsd.gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
 
     @staticmethod
     def from_config(node: Any) -> "ICSDVerlConfig":
@@ -86,27 +103,10 @@ def trajectory_turns(keys: Sequence[str], response_mask: Tensor) -> tuple[Tensor
     Rows of one ``{uid}_{session}`` are one trajectory, ordered by ``index``; each run of
     1s in a row's mask is one turn, numbered on from the turns of the earlier rows.
     """
-    sessions, index = [], []
-    for k in keys:
-        parts = str(k).rsplit("_", 2)
-        if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
-            raise ValueError(f"unexpected verl key {k!r}: expected '{{uid}}_{{session}}_{{index}}'")
-        sessions.append(f"{parts[0]}_{parts[1]}")
-        index.append(int(parts[2]))
+    sessions = Sessions.from_keys(keys)
     mask = response_mask.bool()
     local = turn_ids_from_mask(mask)
-    runs = (local.amax(dim=1) + 1).clamp(min=0)  # turns per row
-    traj = torch.as_tensor([int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
-                            & ((1 << 63) - 1) for s in sessions], dtype=torch.long)
-    order = np.lexsort((np.asarray(index), traj.numpy()))
-    offset = torch.zeros(len(keys), dtype=torch.long)
-    t_sorted, r_sorted = traj[order], runs[order]
-    csum = torch.cumsum(r_sorted, 0) - r_sorted
-    first = torch.ones(len(keys), dtype=torch.bool)
-    first[1:] = t_sorted[1:] != t_sorted[:-1]
-    start = torch.cummax(torch.where(first, torch.arange(len(keys)), torch.zeros(len(keys), dtype=torch.long)), 0).values
-    offset[torch.as_tensor(order)] = csum - csum[start]
-    return traj, torch.where(mask, local + offset.view(-1, 1), local)
+    return sessions.traj, torch.where(mask, local + sessions.turn_offsets(mask).view(-1, 1), local)
 
 
 def privileged_prompts(prompts: Sequence[Tensor], tokenizer: Any, bank: Any, *, mode: str = "match") -> list[Tensor]:
@@ -180,6 +180,10 @@ def register() -> type:
 
     import transfer_queue as tq
     from tensordict import TensorDict
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
     from verl.utils.config import omega_conf_to_dataclass
@@ -187,6 +191,7 @@ def register() -> type:
 
     from icsd_audit.integrations.verl import icsd_ppo_loss
 
+    register_estimator()
     if "icsd_sync" in TRAINER_REGISTRY:
         return TRAINER_REGISTRY["icsd_sync"]
 
@@ -212,8 +217,53 @@ def register() -> type:
                 self._icsd_writer = dump_writer(self.icsd.dump_dir, rank=0, producer={"name": "icsd.verl", "engine": "verl"},
                                                 allocator=asdict(self.icsd))
 
+        def _gigpo_advantage(self, batch: Any, metrics: dict) -> Any:
+            """verl 0.9.1's ``_compute_advantage`` (KL in reward, rollout correction, nested write-back, with
+            verl's own functions) with the ``gigpo`` estimator fed the per-turn anchors it needs."""
+            alg = self.config.algorithm
+            fields = ["prompts", "responses", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs",
+                      "ref_log_prob"]  # TransferQueue leaves out the fields a step does not have, as verl relies on
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            rmask_nested = data["response_mask"]
+            prompt_len = data["prompts"].offsets().diff()
+            padded = data.to_padded_tensor()
+            mask = padded["response_mask"]
+            sessions = Sessions.from_keys(batch.keys)
+            dp = DataProto(batch=padded)
+            # verl's agent loop copies a session's final score onto its earlier outputs and verl's own v1 GRPO reads
+            # the final output only: the episode's reward is counted once, on the final row
+            scores = padded["rm_scores"]
+            dp.batch["token_level_scores"] = scores * sessions.final.view(-1, 1).to(scores.dtype)
+            if alg.use_kl_in_reward:
+                dp, kl_metrics = apply_kl_penalty(dp, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=alg.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                dp.batch["token_level_rewards"] = dp.batch["token_level_scores"]
+            corr = alg.get("rollout_correction", None)
+            correction = corr is not None and "rollout_log_probs" in dp.batch and not corr.get("bypass_mode", False)
+            if correction:
+                dp, is_metrics = compute_rollout_correction_and_add_to_batch(dp, corr)
+                metrics.update(is_metrics)
+            # turns and anchors from the agent loop's mask; rejection sampling (if any) then zeroes what it dropped
+            adv, ret = get_adv_estimator_fn("gigpo")(
+                token_level_rewards=dp.batch["token_level_rewards"], response_mask=mask, index=sessions.uid,
+                config=alg, traj_id=sessions.traj, turn_offset=sessions.turn_offsets(mask),
+                anchor=turn_anchors(padded["prompts"], prompt_len, padded["responses"], mask), gamma=float(alg.gamma),
+                step_weight=self.icsd.step_weight, mode=self.icsd.gigpo_mode, epsilon=self.icsd.gigpo_epsilon,
+                metrics=metrics)
+            keep = dp.batch["response_mask"].to(adv.dtype)
+            dp.batch["advantages"], dp.batch["returns"] = adv * keep, ret * keep
+            out = ["advantages", "returns"] + (["token_level_rewards"] if alg.use_kl_in_reward else [])
+            if correction:
+                out += ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in dp.batch else [])
+            td = TensorDict({f: response_to_nested(dp.batch[f], rmask_nested) for f in out}, batch_size=len(batch))
+            return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=td)
+
         def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
-            batch = super()._compute_advantage(batch, metrics)
+            if self.config.algorithm.adv_estimator == "gigpo":
+                batch = self._gigpo_advantage(batch, metrics)
+            else:
+                batch = super()._compute_advantage(batch, metrics)
             fields = ["prompts", "responses", "response_mask", "advantages", "old_log_probs"]
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
             rmask_nested = data["response_mask"]

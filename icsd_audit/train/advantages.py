@@ -54,6 +54,7 @@ __all__ = [
     "broadcast_to_tokens",
     "TurnRecords",
     "anchor_id",
+    "anchor_id_bytes",
     "anchor_ids",
     "dense_ids",
     "discounted_returns",
@@ -76,8 +77,12 @@ def anchor_id(text: str) -> int:
     Identical texts get identical ids in every process and on every machine (unlike
     Python's salted ``hash``). Two different texts collide with probability ~2**-64.
     """
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    return anchor_id_bytes(text.encode("utf-8"))
+
+
+def anchor_id_bytes(data: bytes | memoryview) -> int:
+    """:func:`anchor_id` of raw bytes (engines hash observation *token ids* with it)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 def anchor_ids(texts: Iterable[str]) -> torch.Tensor:

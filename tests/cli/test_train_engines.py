@@ -41,6 +41,11 @@ def test_verl_command_carries_the_run_settings(tmp_path):
     cfg2 = TrainConfig(out_dir=str(tmp_path / "r2"), group_size=8, n_tasks=128, mini_batch_rows=512)
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=64" in verl_overrides(cfg2)
     assert "trainer.n_gpus_per_node=4" in ovr and "actor_rollout_ref.model.path=/models/qwen" in ovr
+    assert ovr[:2] == ["algorithm.adv_estimator=gigpo", "algorithm.gamma=0.95"]  # TrainConfig's default estimator
+    assert ovr[-2:] == ["+icsd.step_weight=1.0", "+icsd.gigpo_mode=mean_norm"]
+    grpo = verl_overrides(TrainConfig(out_dir=str(tmp_path / "r3"), adv_estimator="grpo", norm_adv_by_std=False))
+    assert grpo[:2] == ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false"]
+    assert not any("gamma" in o or "step_weight" in o or "gigpo" in o for o in grpo)
     path = write_verl_command(cfg, n_gpus=4)
     text = path.read_text()
     assert text.startswith("#!/usr/bin/env bash") and "python -m verl.trainer.main_ppo \\" in text
@@ -55,9 +60,18 @@ def test_verl_overrides_are_valid_for_verls_config(tmp_path):
     from hydra import compose, initialize_config_dir
     import verl
 
-    cfg = TrainConfig(out_dir=str(tmp_path / "run"), model="/models/qwen")
-    ovr = [o for o in verl_overrides(cfg) if not o.startswith("data.") or "batch_size" in o or "length" in o]
+    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig
+
     d = os.path.join(os.path.dirname(verl.__file__), "trainer/config")
-    with initialize_config_dir(config_dir=d, version_base=None):
-        c = compose(config_name="ppo_trainer", overrides=ovr)
-    assert c.trainer.v1.trainer_mode == "icsd_sync" and c.icsd.skillbank == "webshop"
+    for est, extra in (("gigpo", dict(gamma=0.9, step_weight=0.4, gigpo_mode="mean_std_norm")), ("grpo", {})):
+        cfg = TrainConfig(out_dir=str(tmp_path / est), model="/models/qwen", adv_estimator=est, **extra)
+        ovr = [o for o in verl_overrides(cfg) if not o.startswith("data.") or "batch_size" in o or "length" in o]
+        with initialize_config_dir(config_dir=d, version_base=None):
+            c = compose(config_name="ppo_trainer", overrides=ovr)
+        assert c.trainer.v1.trainer_mode == "icsd_sync" and c.icsd.skillbank == "webshop"
+        assert c.algorithm.adv_estimator == est
+        icsd = ICSDVerlConfig.from_config(c.icsd)  # every +icsd option is one the trainer knows
+        if est == "gigpo":
+            assert c.algorithm.gamma == 0.9 and (icsd.step_weight, icsd.gigpo_mode) == (0.4, "mean_std_norm")
+        else:
+            assert c.algorithm.gamma == 1.0 and c.algorithm.norm_adv_by_std_in_grpo is True

@@ -189,9 +189,13 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 
 def test_plugin_registers_in_a_fresh_process():
     r = _fresh("import sys, verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
-               "print('icsd_audit.integrations.verl' in sys.modules, get_trainer_cls('icsd_sync').__name__)")
+               "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+               "fn = get_adv_estimator_fn('gigpo')\n"
+               "print('icsd_audit.integrations.verl' in sys.modules, get_trainer_cls('icsd_sync').__name__, "
+               "fn.__module__ + '.' + fn.__name__)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().endswith("True ICSDTrainerSync"), r.stdout + r.stderr
+    assert r.stdout.strip().endswith("True ICSDTrainerSync icsd_audit.integrations.verl_gigpo.compute_gigpo_advantage"), \
+        r.stdout + r.stderr
 
 
 def test_plugin_that_cannot_register_says_so_loudly():

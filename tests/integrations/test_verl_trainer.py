@@ -71,6 +71,8 @@ class _Store:
     def kv_batch_get(self, keys, partition_id, select_fields=None):
         out = {}
         for name in select_fields:
+            if not any(name in self.rows[(partition_id, k)] for k in keys):
+                continue  # TransferQueue's select_fields leaves out a field no row has (verl relies on it)
             xs = [self.rows[(partition_id, k)][name] for k in keys]
             out[name] = torch.nested.as_nested_tensor(xs, layout=torch.jagged)
         return TensorDict(out, batch_size=[len(keys)])
@@ -101,8 +103,7 @@ class _WorkerGroup:
             row["log_probs"] = torch.cat([lp, torch.zeros(1)])  # position i: log p(token i+1)
 
 
-@pytest.fixture()
-def setup(tmp_path, monkeypatch):
+def _trainer(tmp_path, monkeypatch, extra=()):
     from hydra import compose, initialize_config_dir
     import verl
 
@@ -112,7 +113,7 @@ def setup(tmp_path, monkeypatch):
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
             "data.train_batch_size=4", "+icsd.min_group=2", "+icsd.distill_coef=0.05",
-            f"+icsd.dump_dir={tmp_path / 'dumps'}"])
+            f"+icsd.dump_dir={tmp_path / 'dumps'}", *extra])
     store = _Store()
     for name in ("kv_batch_put", "kv_batch_get", "kv_clear"):
         monkeypatch.setattr(tq, name, getattr(store, name))
@@ -124,6 +125,11 @@ def setup(tmp_path, monkeypatch):
     tr.config, tr.tokenizer, tr.global_steps = cfg, tok, 7
     tr.actor_rollout_wg = _WorkerGroup(store, model)
     return tr, store, model, tok
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch):
+    return _trainer(tmp_path, monkeypatch)
 
 
 def test_icsd_sync_driver_step(setup, tmp_path):
@@ -210,11 +216,153 @@ def test_shuffled_mini_batches_are_refused(setup):
 def test_unknown_icsd_option():
     with pytest.raises(ValueError, match="unknown icsd option"):
         ICSDVerlConfig.from_config({"distil_coef": 0.1})
+    with pytest.raises(ValueError, match="icsd.gigpo_mode='std': choose 'mean_norm' or 'mean_std_norm'"):
+        ICSDVerlConfig.from_config({"gigpo_mode": "std"})
+    cfg = ICSDVerlConfig.from_config({"step_weight": 0.3, "gigpo_mode": "mean_std_norm", "gigpo_epsilon": 1e-5})
+    assert (cfg.step_weight, cfg.gigpo_mode, cfg.gigpo_epsilon) == (0.3, "mean_std_norm", 1e-5)
 
 
 def test_every_overridden_verl_method_has_a_signature_check():
     cls = register()
-    overridden = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
-    assert sorted(overridden) == ["_compute_advantage", "on_init_end"]
+    methods = [k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")]
+    overridden = sorted(k for k in methods if hasattr(PPOTrainerSync, k))
+    assert overridden == ["_compute_advantage", "on_init_end"]
+    assert sorted(set(methods) - set(overridden)) == ["_gigpo_advantage"]  # ours: verl must not define it
     for name in overridden:
         assert f"verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.{name}" in iv.EXPECTED_SIGNATURES, name
+
+
+def test_every_called_verl_function_has_a_signature_check():
+    """Every function the integration modules import from verl or TransferQueue (and call) is checked at plug-in
+    load; found from the modules' source, so a new call without a check fails here."""
+    import ast
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    import icsd_audit.integrations as pkg
+
+    called = set()
+    for path in Path(pkg.__file__).parent.glob("verl*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "verl":
+                called |= {f"{node.module}:{a.name}" for a in node.names}
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "tq":
+                called.add(f"transfer_queue:{node.attr}")
+    functions = {c for c in called if inspect.isfunction(getattr(importlib.import_module(c.split(":")[0]),
+                                                                  c.split(":")[1]))}
+    assert {"verl.trainer.ppo.core_algos:get_adv_estimator_fn", "verl.trainer.ppo.core_algos:register_adv_est",
+            "verl.trainer.ppo.ray_trainer:apply_kl_penalty", "transfer_queue:kv_batch_get"} <= functions
+    assert sorted(functions - set(iv.EXPECTED_SIGNATURES)) == []
+    assert "verl.protocol:DataProto.__init__" in iv.EXPECTED_SIGNATURES  # the one class we construct
+
+
+# (key, observations in front of turns 1, 2, ... (None: a padding row), the session's score); session u0_s0 and
+# u2_s1 span two rows each, and verl's agent loop copies the final score onto the earlier row
+_GIGPO_PLAN = [("u0_s0_0", "ab", 1.0), ("u0_s0_1", "c", 1.0), ("u0_s1_0", "a", 0.0), ("u1_s0_0", "ca", 0.5),
+               ("u1_s1_0", "cb", 0.0), ("u2_s0_0", "", 1.0), ("u2_s1_0", "b", 0.25), ("u2_s1_1", "ab", 0.25),
+               ("u3_s0_0", "a", 1.0), ("u3_s1_0", "a", 0.0), ("pad9_0_0", None, 0.0), ("pad9_1_0", None, 0.0)]
+_FINAL = [False, True, True, True, True, True, False, True, True, True, True, True]
+_OBS = {"a": [200, 201], "b": [202], "c": [203, 204, 205]}
+
+
+def _gigpo_rows(tok):
+    g = torch.Generator().manual_seed(3)
+    tasks = ["buy a red mug", "find blue shoes", "buy a red mug", "find blue shoes", "pad"]
+    rows = []
+    for i, (key, obs, score) in enumerate(_GIGPO_PLAN):
+        u = int(key[1]) if key.startswith("u") else 4
+        prompt = tok(tasks[u], add_special_tokens=False).input_ids
+        if key.endswith("_1"):  # a later output of the session: its prompt holds the history
+            prompt = rows[-1]["prompt"] + rows[-1]["response"] + [206]
+        if obs is None:
+            resp, mask = [2], [0]
+        else:
+            resp, mask = [], []
+            for k, o in enumerate([""] + list(obs)):
+                resp += _OBS.get(o, [])
+                mask += [0] * len(_OBS.get(o, []))
+                n = int(torch.randint(1, 4, (1,), generator=g))
+                resp += torch.randint(3, 199, (n,), generator=g).tolist()
+                mask += [1] * n
+            if i % 3 == 0:
+                resp, mask = resp + [207], mask + [0]  # a trailing observation: the score lands on it
+        R = len(resp)
+        rows.append(dict(key=key, prompt=prompt, response=resp, mask=mask, score=[0.0] * (R - 1) + [score],
+                         old=(torch.randn(R, generator=g) - 3).tolist(), ref=(torch.randn(R, generator=g) - 3).tolist()))
+    return rows
+
+
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_icsd_sync_gigpo_driver_step(tmp_path, monkeypatch, kl_in_reward):
+    from verl.trainer.ppo import core_algos
+
+    from tests.integrations.test_verl_gigpo import _h, _runs, reference
+
+    beta = 0.2
+    tr, store, model, tok = _trainer(tmp_path, monkeypatch, [
+        "algorithm.adv_estimator=gigpo", "algorithm.gamma=0.9", "+icsd.step_weight=0.5",
+        f"algorithm.use_kl_in_reward={str(kl_in_reward).lower()}", f"algorithm.kl_ctrl.kl_coef={beta}"])
+    tr.on_init_end()
+    tr.kl_ctrl_in_reward = core_algos.get_kl_controller(tr.config.algorithm.kl_ctrl)  # what verl's __init__ sets
+    monkeypatch.setattr(PPOTrainerSync, "_compute_advantage", lambda *a: pytest.fail("verl's GRPO path ran"))
+    rows = _gigpo_rows(tok)
+    keys = [r["key"] for r in rows]
+    nt = lambda xs, dt: torch.nested.as_nested_tensor([torch.tensor(x, dtype=dt) for x in xs],  # noqa: E731
+                                                      layout=torch.jagged)
+    fields = {"prompts": ("prompt", torch.long), "responses": ("response", torch.long),
+              "response_mask": ("mask", torch.long), "rm_scores": ("score", torch.float32),
+              "old_log_probs": ("old", torch.float32), "rollout_log_probs": ("old", torch.float32),
+              "ref_log_prob": ("ref", torch.float32)}
+    td = TensorDict({f: nt([r[c] for r in rows], dt) for f, (c, dt) in fields.items()}, batch_size=[len(rows)])
+    metrics: dict = {}
+    tr._compute_advantage(store.kv_batch_put(keys=keys, partition_id="train", fields=td), metrics)
+
+    # the reference, worked out row by row: the final row's score only, verl's KL penalty (k1) on the tokens,
+    # anchors hashed from the ids by hand, turns numbered on across a session's rows
+    n, T = len(rows), max(len(r["response"]) for r in rows)
+    mask, rewards, copied = torch.zeros(n, T, dtype=torch.long), torch.zeros(n, T), torch.zeros(n, T)
+    anchor = torch.zeros(n, T, dtype=torch.long)
+    offset, seen = [], {}
+    for i, r in enumerate(rows):
+        R = len(r["response"])
+        m = torch.tensor(r["mask"])
+        mask[i, :R] = m
+        kl = (torch.tensor(r["old"]) - torch.tensor(r["ref"])) * m if kl_in_reward else torch.zeros(R)
+        rewards[i, :R] = torch.tensor(r["score"]) * float(_FINAL[i]) - beta * kl
+        copied[i, :R] = torch.tensor(r["score"]) - beta * kl
+        runs = _runs(r["mask"])
+        for k, (s, e) in enumerate(runs):
+            anchor[i, s:e] = _h(r["prompt"] + r["response"][:s] if k == 0 else r["response"][runs[k - 1][1]:s])
+        session = r["key"].rsplit("_", 1)[0]
+        offset.append(seen.get(session, 0))
+        seen[session] = offset[-1] + len(runs)
+    assert offset == [0, 3, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0]
+    group = [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    traj = [0, 0, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1]
+    opts = dict(gamma=0.9, step_weight=0.5, mode="mean_norm", epsilon=1e-6)
+    want = reference(rewards, mask, group, traj, offset, anchor, **opts)
+    assert not torch.equal(want, reference(copied, mask, group, traj, offset, anchor, **opts))  # copy counted twice
+    for i, k in enumerate(keys):
+        R = len(rows[i]["response"])
+        got = store.rows[("train", k)]
+        assert torch.equal(got["advantages"], want[i, :R]) and torch.equal(got["returns"], want[i, :R]), k
+        assert torch.equal(got["response_mask"], mask[i, :R])  # rollout correction ran, rejected nothing
+        if kl_in_reward:
+            assert torch.equal(got["token_level_rewards"], rewards[i, :R])
+    assert metrics["icsd/gigpo_step_groups"] > 0 and any(k.startswith("rollout_corr/") for k in metrics)
+    assert ("actor/reward_kl_penalty" in metrics) == kl_in_reward
+
+    # then the allocation as before, on GiGPO's advantages: 12 rows, dp 2, mini-batches of 4 rows
+    teacher, old = torch.zeros(n, T), torch.zeros(n, T)
+    for i, r in enumerate(rows):
+        R = len(r["response"])
+        teacher[i, :R], old[i, :R] = store.rows[("train", keys[i])][iv.TEACHER_KEY], torch.tensor(r["old"])
+    traj_id, turn = trajectory_turns(keys, mask)
+    for mb in ([0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10, 11]):
+        r_ = torch.as_tensor(mb)
+        ref = allocate_padded(advantage=want[r_], ratio=1.0, delta=(teacher - old)[r_], response_mask=mask[r_].bool(),
+                              traj_id=traj_id[r_], turn_id=turn[r_], min_group=2)
+        for j, i in enumerate(mb):
+            assert torch.equal(store.rows[("train", keys[i])][iv.C_KEY], ref.c[j, :len(rows[i]["response"])].float())
+    assert metrics["icsd/mini_batches"] == 3.0
