@@ -42,6 +42,8 @@ from torch import Tensor
 from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
 
 __all__ = [
+    "C_KEY",
+    "TEACHER_KEY",
     "AllocationSettings",
     "PaddedAllocation",
     "tcm",
@@ -56,6 +58,11 @@ __all__ = [
     "mini_batch_ids",
     "dump_writer",
 ]
+
+#: batch key of the allocation ``c`` in every engine's batch (verl, verl-agent forks)
+C_KEY = "icsd_c"
+#: batch key of the privileged teacher's log-probs in verl (not ``teacher_logprobs``, which verl rewrites)
+TEACHER_KEY = "icsd_teacher_log_probs"
 
 
 @dataclass(frozen=True)

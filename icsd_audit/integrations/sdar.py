@@ -32,13 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import (PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
+from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
                                           write_dump)
 from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
 __all__ = ["C_KEY", "TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
 
-C_KEY = "icsd_c"
 TEACHER_KEY = "teacher_log_probs"  # SDAR's key in verl-agent forks
 
 

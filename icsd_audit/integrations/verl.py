@@ -32,14 +32,12 @@ import logging
 import warnings
 from typing import Any
 
-from icsd_audit.integrations.core import distillation_loss
+from icsd_audit.integrations.core import C_KEY, TEACHER_KEY, distillation_loss
 
 __all__ = ["C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "icsd_ppo_loss", "check_verl", "EXPECTED_SIGNATURES"]
 
 log = logging.getLogger("icsd_audit.integrations.verl")
 
-C_KEY = "icsd_c"
-TEACHER_KEY = "icsd_teacher_log_probs"
 #: [lowest tested, first untested) verl versions.
 TESTED_VERL = ("0.9.1", "0.10")
 

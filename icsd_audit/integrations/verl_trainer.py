@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import (AllocationSettings, allocate_padded, dump_writer, mini_batch_ids, tcm_sums,
-                                          turn_ids_from_mask, write_dump)
-from icsd_audit.integrations.verl import C_KEY, TEACHER_KEY
+# (not from .verl: that module registers this trainer when imported, so importing it here would be circular)
+from icsd_audit.integrations.core import (C_KEY, TEACHER_KEY, AllocationSettings, allocate_padded, dump_writer,
+                                          mini_batch_ids, tcm, tcm_sums, turn_ids_from_mask, write_dump)
 from icsd_audit.integrations.verl_gigpo import Sessions, register_estimator, turn_anchors
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -135,13 +135,6 @@ def logprob_rows(prompts: Sequence[Tensor], responses: Sequence[Tensor], respons
     return TensorDict({"prompts": nt(prompts), "responses": nt(responses), "response_mask": nt(response_masks),
                        "loss_mask": nt(response_masks), "input_ids": nt(ids),
                        "position_ids": nt([torch.arange(x.numel()) for x in ids])}, batch_size=[len(ids)])
-
-
-def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> float:
-    """SPEC 6 TCM of weights ``w`` over the masked tokens (NaN when no token qualifies)."""
-    sel = mask.bool() & (delta > 0) & (u.abs() > eps)
-    den = float(w[sel].sum())
-    return float(w[sel & (u < 0)].sum()) / den if den > 0 else float("nan")
 
 
 def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_log_probs: Tensor,

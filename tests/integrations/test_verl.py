@@ -198,6 +198,17 @@ def test_plugin_registers_in_a_fresh_process():
         r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("first", ["icsd_audit.integrations.verl_trainer", "icsd_audit.integrations.verl_gigpo",
+                                   "icsd_audit.integrations.sdar"])
+def test_any_integration_module_imports_first(first):
+    # importing the trainer module first used to run the plug-in (through import verl), which imported
+    # the half-initialized trainer module back: 'cannot import name register'
+    r = _fresh(f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
+               "print(get_trainer_cls('icsd_sync').__name__)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("ICSDTrainerSync"), r.stdout + r.stderr
+
+
 def test_plugin_that_cannot_register_says_so_loudly():
     code = ("import icsd_audit.integrations.verl as m; m.TESTED_VERL = ('99.0', '100.0')\n"
             "try:\n    m._plugin_check()\nexcept m.VerlCompatError:\n    print('raised')\n")
