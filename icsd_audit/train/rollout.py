@@ -39,7 +39,7 @@ from icsd_audit.envs.base import ParsedAction, well_formed
 from icsd_audit.train.models import chat_prompt
 from icsd_audit.train.advantages import TurnRecords, anchor_id
 from icsd_audit.train.prompts import HistoryEntry, TurnContext, build_messages, skill_block, student_messages
-from icsd_audit.train.sampling import _stop_ids, sample, sampling_config
+from icsd_audit.train.sampling import pad_and_stop_ids, sample, sampling_config
 
 __all__ = [
     "REWARD_FNS",
@@ -53,6 +53,9 @@ __all__ = [
     "sample",
     "sampling_config",
     "collect_rollouts",
+    "turn_context",
+    "TurnOutcome",
+    "TurnReferee",
 ]
 
 #: Step reward shaping, looked up once by name: verl-agent's WebShop reward is 10 for a
@@ -260,6 +263,57 @@ def _reply_parser(env: TextEnv) -> Callable[..., Any]:
     return lambda text, available, *, require_think: own(text, require_think=require_think)
 
 
+def turn_context(obs: Observation, env: str, history: Sequence[HistoryEntry] = ()) -> TurnContext:
+    """A turn's prompt inputs from its observation.
+
+    An environment with free-form actions (Search-QA) lists none: the prompt then shows no list.
+    """
+    return TurnContext(task=obs.instruction, observation=obs.text, actions=obs.available_actions or None,
+                       history=tuple(history), env=env, key=obs.meta.get("skill_key"))
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """What one reply did in its environment."""
+
+    text: str  # the reply, special tokens dropped
+    parsed: ParsedAction
+    result: StepResult
+    valid: bool
+    reward: float  # shaped step reward
+    done: bool  # the environment ended the episode or the turn budget is spent
+
+
+class TurnReferee:
+    """Sends a reply to its environment and books the turn on its trajectory, by the run's rules.
+
+    The reward shaping and the invalid-turn rule are looked up once; the built-in loop and
+    the TRL engine's rollout (:mod:`icsd_audit.integrations.trl_rollout`) both judge turns
+    here, so an episode scores the same on either engine.
+    """
+
+    def __init__(self, settings: RolloutSettings):
+        self.reward_fn = REWARD_FNS[settings.reward]
+        self.is_valid = INVALID_RULES[settings.invalid_rule]
+        self.require_think = settings.require_think
+        self.max_turns = settings.max_turns
+
+    def play(self, env: TextEnv, text: str, obs: Observation, traj: Trajectory, turn: int) -> TurnOutcome:
+        parsed = _reply_parser(env)(text, obs.available_actions, require_think=self.require_think)
+        res = env.step(parsed.action)
+        valid = bool(self.is_valid(text, parsed, res, self.require_think))
+        r = self.reward_fn(res)
+        traj.n_turns += 1
+        traj.n_invalid += int(not valid)
+        traj.ret += r
+        done = bool(res.done) or turn + 1 >= self.max_turns
+        if res.done:
+            traj.won = bool(res.won)
+            traj.score = float(res.info.get("score", 0.0))
+        traj.done = done
+        return TurnOutcome(text=text, parsed=parsed, result=res, valid=valid, reward=r, done=done)
+
+
 def collect_rollouts(
     *,
     model: Any,
@@ -277,16 +331,13 @@ def collect_rollouts(
     n_eps = len(tasks) * group_size
     if len(envs) < n_eps:
         raise ValueError(f"need {n_eps} environment instances, got {len(envs)}")
-    reward_fn = REWARD_FNS[settings.reward]
-    is_valid = INVALID_RULES[settings.invalid_rule]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(model, tokenizer)[0]
-    stop_ids = _stop_ids(model, tokenizer)
+    referee = TurnReferee(settings)
+    pad_id, stop_ids = pad_and_stop_ids(model, tokenizer)
     trajs = [Trajectory(traj=i, slot=i // group_size, task=int(tasks[i // group_size]), rollout=i % group_size)
              for i in range(n_eps)]
     t0 = time.perf_counter()
     obs: list[Observation] = [envs[i].reset(trajs[i].task) for i in range(n_eps)]
     history: list[list[HistoryEntry]] = [[] for _ in range(n_eps)]
-    parsers = [_reply_parser(envs[i]) for i in range(n_eps)]
     rows: list[TurnRow] = []
     t_env = time.perf_counter() - t0
     t_gen = 0.0
@@ -294,10 +345,7 @@ def collect_rollouts(
         active = [i for i in range(n_eps) if not trajs[i].done]
         if not active:
             break
-        # an environment with free-form actions (Search-QA) lists none: the prompt then shows no list
-        ctxs = {i: TurnContext(task=obs[i].instruction, observation=obs[i].text, actions=obs[i].available_actions or None,
-                               history=tuple(history[i]), env=builder.env, key=obs[i].meta.get("skill_key"))
-                for i in active}
+        ctxs = {i: turn_context(obs[i], builder.env, history[i]) for i in active}
         prompts = {i: builder.student(ctxs[i]) for i in active}
         for chunk_start in range(0, len(active), settings.batch_rows):
             chunk = active[chunk_start: chunk_start + settings.batch_rows]
@@ -308,28 +356,16 @@ def collect_rollouts(
             t_gen += time.perf_counter() - t1
             t1 = time.perf_counter()
             for j, i in enumerate(chunk):
-                text = tokenizer.decode(resp[j], skip_special_tokens=True)
-                parsed = parsers[i](text, obs[i].available_actions, require_think=settings.require_think)
-                res = envs[i].step(parsed.action)
-                valid = bool(is_valid(text, parsed, res, settings.require_think))
-                r = reward_fn(res)
                 tr = trajs[i]
-                tr.n_turns += 1
-                tr.n_invalid += int(not valid)
-                tr.ret += r
-                done = bool(res.done) or turn + 1 >= settings.max_turns
-                if res.done:
-                    tr.won = bool(res.won)
-                    tr.score = float(res.info.get("score", 0.0))
-                tr.done = done
+                out = referee.play(envs[i], tokenizer.decode(resp[j], skip_special_tokens=True), obs[i], tr, turn)
                 rows.append(TurnRow(
                     slot=tr.slot, task=tr.task, traj=tr.traj, rollout=tr.rollout, turn=turn, ctx=ctxs[i],
-                    prompt_ids=prompts[i][0], response_ids=resp[j], old_logp=logps[j], response_text=text,
-                    action=parsed.action, action_valid=valid, reward=r, done=done,
+                    prompt_ids=prompts[i][0], response_ids=resp[j], old_logp=logps[j], response_text=out.text,
+                    action=out.parsed.action, action_valid=out.valid, reward=out.reward, done=out.done,
                     prompt_truncated=prompts[i][1], anchor=anchor_id(obs[i].text),
                 ))
-                history[i].append(HistoryEntry(observation=obs[i].text, action=parsed.action))
-                obs[i] = res.observation
+                history[i].append(HistoryEntry(observation=obs[i].text, action=out.parsed.action))
+                obs[i] = out.result.observation
             t_env += time.perf_counter() - t1
     rows.sort(key=lambda r: (r.traj, r.turn))
     return RolloutBatch(rows=rows, trajectories=trajs, tasks=[int(t) for t in tasks], group_size=group_size,

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from icsd_audit.train.logprobs import autocast_for
 
-__all__ = ["sample", "sampling_config"]
+__all__ = ["pad_and_stop_ids", "sample", "sampling_config"]
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -30,6 +30,12 @@ def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer has no EOS token; set tokenizer.eos_token to the chat template's end-of-turn token")
     return ids
+
+
+def pad_and_stop_ids(model: Any, tokenizer: Any) -> tuple[int, list[int]]:
+    """(padding id, stop ids) of sampling: the tokenizer's pad token, else the first stop id."""
+    stop_ids = _stop_ids(model, tokenizer)
+    return (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]), stop_ids
 
 
 def sampling_config(*, max_new_tokens: int, temperature: float, pad_id: int, stop_ids: Sequence[int],
