@@ -117,11 +117,12 @@ def run_verl(cfg: Any) -> Path:
 
 
 #: What ``icsd train --engine trl`` prints per step at the end (TRL's log keys).
-_TRL_SUMMARY = ("reward", "episodes/turns", "episodes/context_stops", "icsd/tcm_icsd", "icsd/tcm_sdar", "step_time")
+_TRL_SUMMARY = ("reward", "episodes/turns", "episodes/context_stops", "icsd/tcm_icsd", "icsd/tcm_sdar", "time/rollout",
+                "step_time")
 
 
 def _fmt(v: Any) -> str:
-    """A logged value; TCM is None (logged as such) when no token carries both advantage and delta."""
+    """A logged value; TRL logs None for a metric that was NaN in every batch (TCM with no qualifying token)."""
     return "n/a" if v is None else f"{float(v):.4g}"
 
 
@@ -176,16 +177,17 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
     rollout = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.train_split),
                              settings=settings, invalid_penalty=cfg.invalid_penalty, tasks=tasks,
                              teacher_skill=teacher_skill)
-    # prompt + completion <= max_prompt_tokens + max_response_tokens (trl_rollout's bound); TRL's loss
-    # ('dapo', a token mean over the generation batch) does not read this, its length logs do
+    # an episode's prompt + completion <= max_prompt_tokens + max_response_tokens (trl_rollout's bound); TRL
+    # reads max_completion_length only for its own generation and the 'dr_grpo' loss, neither used here
     args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=cfg.n_tasks * cfg.group_size,
                       num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
                       max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
-                      bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations, report_to=[], logging_steps=1, save_strategy="no",
-                      dataloader_num_workers=0)
+                      bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations, report_to=[],
+                      logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+                      disable_tqdm=not sys.stderr.isatty())  # a log gets TRL's per-step records, not bar redraws
     policy: Any = model
     if cfg.kl_coef > 0:  # TRL builds its reference model from a path: hand it a local copy of the policy
         policy = str(out / "trl" / "initial_policy")

@@ -193,6 +193,7 @@ class EpisodeRollout:
             raise ValueError(f"rollout got a prompt that starts no known task: {str(missing)[:80]!r}...")
         from trl.models import unwrap_model_for_generation
 
+        t0 = time.perf_counter()
         # TRL's own generation context: gradient checkpointing off (else generate runs without a KV
         # cache, recomputing the whole context for every token) and DeepSpeed ZeRO-3 weights gathered
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
@@ -200,6 +201,11 @@ class EpisodeRollout:
                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs) as model:
             batch = self.play(model, [self.tasks[p] for p in prompts], device=trainer.accelerator.device,
                               group_size=trainer.num_generations)
+        log = getattr(trainer, "_log_metric", None)  # what TRL hands reward functions as log_metric
+        if log is not None:  # where a step's time goes: TRL times only the whole step
+            log("time/rollout", time.perf_counter() - t0)
+            for k, v in batch.timings.items():
+                log(f"time/rollout_{k}", v)
         return batch.to_trl(self.invalid_penalty)
 
     def _user_content(self, ctx: TurnContext) -> str:

@@ -87,7 +87,7 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
     # the random model never ends an episode and 3000 tokens hold three turns: 3 reply turns per episode
     steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     assert [s.split(":")[0] for s in steps] == ["step 0", "step 1"]
-    assert all(", episodes/turns 3, episodes/context_stops 0," in s for s in steps)
+    assert all(", episodes/turns 3, episodes/context_stops 0," in s and ", time/rollout " in s for s in steps)
     shards = sorted((run / "dumps").glob("*.parquet"))
     assert [p.name for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
     for k, p in enumerate(shards):
