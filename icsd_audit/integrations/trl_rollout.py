@@ -71,7 +71,8 @@ class ChatSeams:
 
     Found by rendering a probe conversation, so it holds for any template that renders
     an assistant message's content verbatim and appends later messages after earlier
-    ones (ChatML: SmolLM2, Qwen2.5, the tiny test model); other templates are refused.
+    ones (ChatML templates such as SmolLM2's and the tiny test model's); others are refused
+    with one line when the rollout is built.
     """
 
     _PROBE = "\u2063icsd reply probe\u2063"  # invisible separators: no template rewrites them
