@@ -141,8 +141,8 @@ def train_cmd(
         False, "--weights-only", help="Checkpoints without AdamW state (0.54 GB instead of 1.6 GB; a resume restarts AdamW)."),
     plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar (the default when stderr is not a terminal)."),
     engine: str = typer.Option(
-        "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer, first-turn episodes; icsd[trl]) "
-        "or verl (writes verl_command.sh and launches it; needs GPUs, icsd[verl]). See docs/engines.md."),
+        "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO only: --adv grpo; "
+        "icsd[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd[verl]). See docs/engines.md."),
 ) -> None:
     """Train a policy with GRPO/GiGPO, a privileged self-teacher and an allocated distillation term.
 

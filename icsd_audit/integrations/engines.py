@@ -2,11 +2,13 @@
 
 * ``builtin`` -- :func:`icsd_audit.train.loop.train` (multi-turn, our rollouts).
 * ``trl`` -- :class:`~icsd_audit.integrations.trl.ICSDGRPOTrainer` on the same model,
-  allocator, lambda, seed, learning rate and step count.  TRL's ``GRPOTrainer`` samples
-  one completion per prompt, so each episode is the environment's *first turn*: the
-  dataset is the student prompt of every training task's first observation, the reward
-  is the environment's reward for the parsed action (shaped like the built-in run's
-  ``invalid_penalty``).  Multi-turn agents need ``builtin`` or ``verl``.
+  allocator, lambda, seed, learning rate, step count, group size and tasks per step
+  (the built-in loop's draw), with whole multi-turn episodes from
+  :class:`~icsd_audit.integrations.trl_rollout.EpisodeRollout` as TRL's ``rollout_func``:
+  one TRL row per episode (first student prompt; replies and observations as one
+  conversation, observations masked out), turns judged and rewards shaped by the built-in
+  loop's code.  TRL runs GRPO: the advantage is per episode, and ``adv_estimator='gigpo'``
+  stops with one line (exit 2).  What differs from ``builtin`` is in docs/engines.md.
 * ``verl`` -- writes ``verl_command.sh`` (``python -m verl.trainer.main_ppo`` with the
   ``icsd_sync`` trainer and the run's settings, the advantage estimator included: verl's
   ``grpo`` or our ``gigpo`` with the run's gamma, step weight and mode; the run's
@@ -124,60 +126,95 @@ def run_verl(cfg: Any) -> Path:
     return path
 
 
+#: What ``icsd train --engine trl`` prints per step at the end (TRL's log keys).
+_TRL_SUMMARY = ("reward", "episodes/turns", "episodes/context_stops", "icsd/tcm_icsd", "icsd/tcm_sdar", "time/rollout",
+                "step_time")
+
+
+def _fmt(v: Any) -> str:
+    """A logged value; TRL logs None for a metric that was NaN in every batch (TCM with no qualifying token)."""
+    return "n/a" if v is None else f"{float(v):.4g}"
+
+
 def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
-    """Train ``cfg`` with ``ICSDGRPOTrainer`` on first-turn episodes; returns the dumps folder."""
+    """Train ``cfg`` with ``ICSDGRPOTrainer`` on whole episodes (:mod:`.trl_rollout`); returns the dumps folder."""
     import importlib.util
 
+    # checked first: a config TRL cannot run fails before anything loads, with or without TRL
+    if cfg.adv_estimator != "grpo":
+        raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
+                                f"adv_estimator={cfg.adv_estimator!r}: pass --adv grpo, or use --engine builtin or verl for GiGPO")
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd[trl]'")
-    import datasets
-    import torch
-    from trl import GRPOConfig
+    import os
 
-    from icsd_audit.envs.base import parse_action
-    from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt
-    from icsd_audit.train.loop import _default_env_factory, load_policy
-    from icsd_audit.train.prompts import TurnContext
-    from icsd_audit.train.rollout import PromptBuilder
+    import datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer
+    from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
+    from icsd_audit.train.loop import _default_env_factory, draw_tasks, load_policy, resolve_precision
+    from icsd_audit.train.models import resolve_device, set_threads
+    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
     from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher import skill_retriever
 
     out = Path(cfg.out_dir)
-    dev = torch.device("cpu") if cfg.device in ("auto", "cpu") and not torch.cuda.is_available() else torch.device(
-        "cuda" if cfg.device == "auto" else cfg.device)
+    set_threads(cfg.threads)  # as the built-in loop: one thread unless told (shared cores, docs/models.md)
+    dev = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, dev)
     model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed)
-    env = _default_env_factory(cfg)("train")
+    factory = _default_env_factory(cfg)
+    probe = factory(cfg.train_split)
     builder = PromptBuilder(tok, env=cfg.env, history_window=cfg.history_window, max_prompt_tokens=cfg.max_prompt_tokens,
-                            system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement="prefix")
+                            system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
+    steps = max_steps or cfg.total_steps
+    # step s plays the built-in loop's tasks of step s: the dataset lists them in order and TRL does not
+    # shuffle it. The rollout finds a task from its first prompt; tasks sharing a first prompt (3 of
+    # WebShop's 1900) are played as the first of them, and the dataset's task column says so.
+    tasks: dict[str, int] = {}
     rows = []
-    for task in range(min(env.num_tasks, max(cfg.n_tasks * 4, 8))):
-        obs = env.reset(task)
-        ctx = TurnContext(task=obs.instruction, observation=obs.text, actions=obs.available_actions, env=cfg.env)
-        rows.append({"prompt": builder.student_text(ctx), "task": task, "instruction": obs.instruction})
-
-    def reward(completions: list[str], task: list[int], **_: Any) -> list[float]:
-        out_r = []
-        for text, t in zip(completions, task):
-            obs = env.reset(int(t))
-            act = parse_action(text, obs.available_actions, require_think=cfg.require_think)
-            out_r.append(env.step(act.action).reward if act.valid else -cfg.invalid_penalty)
-        return out_r
-
+    for step in range(steps):
+        for t in draw_tasks(cfg.seed, step, probe.num_tasks, cfg.n_tasks):
+            text = builder.student_text(turn_context(probe.reset(t), cfg.env))
+            rows.append({"prompt": text, "task": tasks.setdefault(text, t)})
+    settings = RolloutSettings(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
+                               temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
+                               require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
+                               precision=precision, invalid_rule=cfg.invalid_rule)
+    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
+                                     skill_match=cfg.skill_match) if cfg.distill_enabled else None)
+    rollout = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.train_split),
+                             settings=settings, invalid_penalty=cfg.invalid_penalty, tasks=tasks,
+                             teacher_skill=teacher_skill)
+    # an episode's prompt + completion <= max_prompt_tokens + max_response_tokens (trl_rollout's bound); TRL
+    # reads max_completion_length only for its own generation and the 'dr_grpo' loss, neither used here
     args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=cfg.n_tasks * cfg.group_size,
-                      num_generations=cfg.group_size, max_completion_length=cfg.max_response_tokens,
-                      max_steps=max_steps or cfg.total_steps, learning_rate=cfg.lr, beta=cfg.kl_coef,
-                      epsilon=cfg.clip_ratio, temperature=cfg.temperature, seed=cfg.seed, use_cpu=dev.type == "cpu",
-                      bf16=False, report_to=[], logging_steps=1, save_strategy="no", dataloader_num_workers=0)
+                      num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
+                      max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
+                      max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
+                      temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
+                      shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
+                      bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations, report_to=[],
+                      logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+                      disable_tqdm=not sys.stderr.isatty())  # a log gets TRL's per-step records, not bar redraws
     policy: Any = model
     if cfg.kl_coef > 0:  # TRL builds its reference model from a path: hand it a local copy of the policy
         policy = str(out / "trl" / "initial_policy")
         model.save_pretrained(policy)
         tok.save_pretrained(policy)
-    icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
-                      min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed, dump_dir=str(out / "dumps"))
-    trainer = ICSDGRPOTrainer(model=policy, processing_class=tok, reward_funcs=reward, args=args,
-                              train_dataset=datasets.Dataset.from_list(rows), icsd=icsd,
-                              teacher_prompt=skill_teacher_prompt(load_skillbank(cfg.skillbank_name),
-                                                                  task_key="instruction", mode=cfg.skill_mode))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; tested on 1.16
+    common = dict(model=policy, processing_class=tok, reward_funcs=episode_reward, args=args,
+                  train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout)
+    if cfg.distill_enabled:
+        icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
+                          min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed, dump_dir=str(out / "dumps"))
+        trainer: Any = ICSDGRPOTrainer(**common, icsd=icsd)
+    else:  # allocator 'none': plain GRPO, no teacher and no dumps, as on the built-in loop
+        trainer = GRPOTrainer(**common)
     trainer.train()
-    print(f"done: trl run in {out}; dumps {out / 'dumps'}", file=sys.stderr)
+    for rec in trainer.state.log_history:
+        if "episodes/turns" in rec:
+            print(f"step {rec['step'] - 1}: " + ", ".join(f"{k} {_fmt(rec.get(k))}" for k in _TRL_SUMMARY), file=sys.stderr)
+    print(f"done: trl run in {out}" + (f"; dumps {out / 'dumps'}" if cfg.distill_enabled else ""), file=sys.stderr)
     return out / "dumps"

@@ -28,7 +28,13 @@ auxiliary gradient summed over accumulation steps and averaged over processes is
 token mean over the optimizer step exactly when one generation batch is one step.
 
 Multi-turn ``rollout_func`` runs expose turns only as runs of 1s in the environment
-mask (``tool_mask``): each run is one action turn.  A completion is one trajectory.
+mask (``tool_mask``): each run is one action turn.  A completion is one trajectory: the
+teacher scores all of it (replies and the environment's observations between them)
+behind its privileged prompt, and only reply tokens enter the allocation, the loss and
+the dumps.  A ``rollout_func`` may return ``teacher_prompt_ids`` (an extra field, one id
+list per completion) to give the privileged prompt as ids; ``teacher_prompt`` is then
+not called (:mod:`icsd_audit.integrations.trl_rollout` does this: the SkillBank block in
+front of the exact student prompt ids, as the built-in teacher builds it).
 """
 
 from __future__ import annotations
@@ -101,7 +107,8 @@ class ICSDGRPOTrainer(GRPOTrainer):
 
     Extra arguments: ``icsd`` (:class:`ICSDConfig`) and ``teacher_prompt``, a function of a
     dataset example returning the privileged prompt in the example's prompt format
-    (default: the example's ``teacher_prompt`` column).  Everything else is TRL's.
+    (default: the example's ``teacher_prompt`` column; unused for rows whose rollout
+    supplied ``teacher_prompt_ids``).  Everything else is TRL's.
     """
 
     def __init__(self, *args: Any, icsd: ICSDConfig | None = None,
@@ -146,7 +153,10 @@ class ICSDGRPOTrainer(GRPOTrainer):
         comp, cmask = out["completion_ids"], out["completion_mask"]
         mask = cmask if out.get("tool_mask") is None else cmask * out["tool_mask"]
         bs = self.args.per_device_train_batch_size
-        t_ids, _, _ = self._tokenize_prompts([self.teacher_prompt(x) for x in inputs])
+        if "teacher_prompt_ids" in inputs[0]:  # the rollout_func built them (the engine's episodes, trl_rollout)
+            t_ids = [list(x["teacher_prompt_ids"]) for x in inputs]
+        else:
+            t_ids, _, _ = self._tokenize_prompts([self.teacher_prompt(x) for x in inputs])
         teacher = self._score(t_ids, comp, cmask, bs)
         student = out.get("old_per_token_logps")
         if student is None:  # TRL skips it on-policy; the allocation needs delta = T - logp

@@ -38,8 +38,8 @@ from icsd_audit.envs import Observation, StepResult, TextEnv, parse_action
 from icsd_audit.envs.base import ParsedAction, well_formed
 from icsd_audit.train.models import chat_prompt
 from icsd_audit.train.advantages import TurnRecords, anchor_id
-from icsd_audit.train.logprobs import autocast_for
 from icsd_audit.train.prompts import HistoryEntry, TurnContext, build_messages, skill_block, student_messages
+from icsd_audit.train.sampling import pad_and_stop_ids, sample, sampling_config
 
 __all__ = [
     "REWARD_FNS",
@@ -53,6 +53,9 @@ __all__ = [
     "sample",
     "sampling_config",
     "collect_rollouts",
+    "turn_context",
+    "TurnOutcome",
+    "TurnReferee",
 ]
 
 #: Step reward shaping, looked up once by name: verl-agent's WebShop reward is 10 for a
@@ -252,103 +255,63 @@ class RolloutSettings:
     invalid_rule: str = "format"  # a key of INVALID_RULES
 
 
-def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
-    ids: list[int] = []
-    for src in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if src is None:
-            continue
-        for i in src if isinstance(src, (list, tuple)) else [src]:
-            if int(i) not in ids:
-                ids.append(int(i))
-    if not ids:
-        raise ValueError("the tokenizer has no EOS token; set tokenizer.eos_token to the chat template's end-of-turn token")
-    return ids
-
-
-def sampling_config(*, max_new_tokens: int, temperature: float, pad_id: int, stop_ids: Sequence[int],
-                    want_logits: bool = True) -> Any:
-    """The ``GenerationConfig`` of rollouts: plain sampling from softmax(logits / temperature).
-
-    Every logits processor is set to its neutral value explicitly: ``generate`` fills
-    fields left at None from the model's own generation_config (Qwen2.5-Instruct ships
-    top_k=20, top_p=0.8, repetition_penalty=1.05), which would make the sampler's
-    distribution differ from the policy we train. ``temperature <= 0`` is greedy.
-    """
-    from transformers import GenerationConfig
-
-    greedy = temperature <= 0
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=not greedy,
-        num_beams=1,
-        temperature=1.0 if greedy else float(temperature),
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        typical_p=1.0,
-        epsilon_cutoff=0.0,
-        eta_cutoff=0.0,
-        repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        min_new_tokens=0,
-        guidance_scale=1.0,
-        renormalize_logits=False,
-        pad_token_id=pad_id,
-        eos_token_id=list(stop_ids),
-        output_logits=want_logits,
-        return_dict_in_generate=True,
-    )
-
-
-@torch.no_grad()
-def sample(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    pad_id: int,
-    stop_ids: Sequence[int],
-    device: torch.device,
-    precision: str = "float32",
-    want_logp: bool = True,
-) -> tuple[list[list[int]], list[Tensor | None]]:
-    """Sample one reply per prompt with HF ``generate``; return ids (through the stop token) and their log-probs."""
-    B = len(prompts)
-    P = max(len(p) for p in prompts)
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    att = torch.zeros((B, P), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, P - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-        att[i, P - len(p):] = 1
-    greedy = temperature <= 0
-    gc = sampling_config(max_new_tokens=max_new_tokens, temperature=temperature, pad_id=pad_id, stop_ids=stop_ids,
-                         want_logits=want_logp)
-    with autocast_for(device, precision):
-        out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=gc)
-    gen = out.sequences[:, P:].cpu()
-    stops = torch.as_tensor(list(stop_ids))
-    is_stop = torch.isin(gen, stops)
-    S = gen.shape[1]
-    first = torch.where(is_stop.any(1), is_stop.float().argmax(1) + 1, torch.full((B,), S))
-    lengths = first.tolist()
-    logps: list[Tensor | None] = [None] * B
-    if want_logp:
-        logits = torch.stack(out.logits, dim=1).float()  # (B, S, V) raw logits
-        if not greedy and temperature != 1.0:
-            logits = logits / temperature
-        lp = (logits.gather(-1, gen.to(logits.device).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)).cpu()
-        logps = [lp[i, : lengths[i]].clone() for i in range(B)]
-    return [gen[i, : lengths[i]].tolist() for i in range(B)], logps
-
-
 def _reply_parser(env: TextEnv) -> Callable[..., Any]:
     """The env's own reply parser (Search-QA's <search>/<answer> tags) or verl-agent's <action> parser."""
     own = getattr(env, "parse_reply", None)
     if own is None:
         return parse_action
     return lambda text, available, *, require_think: own(text, require_think=require_think)
+
+
+def turn_context(obs: Observation, env: str, history: Sequence[HistoryEntry] = ()) -> TurnContext:
+    """A turn's prompt inputs from its observation.
+
+    An environment with free-form actions (Search-QA) lists none: the prompt then shows no list.
+    """
+    return TurnContext(task=obs.instruction, observation=obs.text, actions=obs.available_actions or None,
+                       history=tuple(history), env=env, key=obs.meta.get("skill_key"))
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """What one reply did in its environment."""
+
+    text: str  # the reply, special tokens dropped
+    parsed: ParsedAction
+    result: StepResult
+    valid: bool
+    reward: float  # shaped step reward
+    done: bool  # the environment ended the episode or the turn budget is spent
+
+
+class TurnReferee:
+    """Sends a reply to its environment and books the turn on its trajectory, by the run's rules.
+
+    The reward shaping and the invalid-turn rule are looked up once; the built-in loop and
+    the TRL engine's rollout (:mod:`icsd_audit.integrations.trl_rollout`) both judge turns
+    here, so an episode scores the same on either engine.
+    """
+
+    def __init__(self, settings: RolloutSettings):
+        self.reward_fn = REWARD_FNS[settings.reward]
+        self.is_valid = INVALID_RULES[settings.invalid_rule]
+        self.require_think = settings.require_think
+        self.max_turns = settings.max_turns
+
+    def play(self, env: TextEnv, text: str, obs: Observation, traj: Trajectory, turn: int) -> TurnOutcome:
+        parsed = _reply_parser(env)(text, obs.available_actions, require_think=self.require_think)
+        res = env.step(parsed.action)
+        valid = bool(self.is_valid(text, parsed, res, self.require_think))
+        r = self.reward_fn(res)
+        traj.n_turns += 1
+        traj.n_invalid += int(not valid)
+        traj.ret += r
+        done = bool(res.done) or turn + 1 >= self.max_turns
+        if res.done:
+            traj.won = bool(res.won)
+            traj.score = float(res.info.get("score", 0.0))
+        traj.done = done
+        return TurnOutcome(text=text, parsed=parsed, result=res, valid=valid, reward=r, done=done)
 
 
 def collect_rollouts(
@@ -368,16 +331,13 @@ def collect_rollouts(
     n_eps = len(tasks) * group_size
     if len(envs) < n_eps:
         raise ValueError(f"need {n_eps} environment instances, got {len(envs)}")
-    reward_fn = REWARD_FNS[settings.reward]
-    is_valid = INVALID_RULES[settings.invalid_rule]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _stop_ids(model, tokenizer)[0]
-    stop_ids = _stop_ids(model, tokenizer)
+    referee = TurnReferee(settings)
+    pad_id, stop_ids = pad_and_stop_ids(model, tokenizer)
     trajs = [Trajectory(traj=i, slot=i // group_size, task=int(tasks[i // group_size]), rollout=i % group_size)
              for i in range(n_eps)]
     t0 = time.perf_counter()
     obs: list[Observation] = [envs[i].reset(trajs[i].task) for i in range(n_eps)]
     history: list[list[HistoryEntry]] = [[] for _ in range(n_eps)]
-    parsers = [_reply_parser(envs[i]) for i in range(n_eps)]
     rows: list[TurnRow] = []
     t_env = time.perf_counter() - t0
     t_gen = 0.0
@@ -385,10 +345,7 @@ def collect_rollouts(
         active = [i for i in range(n_eps) if not trajs[i].done]
         if not active:
             break
-        # an environment with free-form actions (Search-QA) lists none: the prompt then shows no list
-        ctxs = {i: TurnContext(task=obs[i].instruction, observation=obs[i].text, actions=obs[i].available_actions or None,
-                               history=tuple(history[i]), env=builder.env, key=obs[i].meta.get("skill_key"))
-                for i in active}
+        ctxs = {i: turn_context(obs[i], builder.env, history[i]) for i in active}
         prompts = {i: builder.student(ctxs[i]) for i in active}
         for chunk_start in range(0, len(active), settings.batch_rows):
             chunk = active[chunk_start: chunk_start + settings.batch_rows]
@@ -399,28 +356,16 @@ def collect_rollouts(
             t_gen += time.perf_counter() - t1
             t1 = time.perf_counter()
             for j, i in enumerate(chunk):
-                text = tokenizer.decode(resp[j], skip_special_tokens=True)
-                parsed = parsers[i](text, obs[i].available_actions, require_think=settings.require_think)
-                res = envs[i].step(parsed.action)
-                valid = bool(is_valid(text, parsed, res, settings.require_think))
-                r = reward_fn(res)
                 tr = trajs[i]
-                tr.n_turns += 1
-                tr.n_invalid += int(not valid)
-                tr.ret += r
-                done = bool(res.done) or turn + 1 >= settings.max_turns
-                if res.done:
-                    tr.won = bool(res.won)
-                    tr.score = float(res.info.get("score", 0.0))
-                tr.done = done
+                out = referee.play(envs[i], tokenizer.decode(resp[j], skip_special_tokens=True), obs[i], tr, turn)
                 rows.append(TurnRow(
                     slot=tr.slot, task=tr.task, traj=tr.traj, rollout=tr.rollout, turn=turn, ctx=ctxs[i],
-                    prompt_ids=prompts[i][0], response_ids=resp[j], old_logp=logps[j], response_text=text,
-                    action=parsed.action, action_valid=valid, reward=r, done=done,
+                    prompt_ids=prompts[i][0], response_ids=resp[j], old_logp=logps[j], response_text=out.text,
+                    action=out.parsed.action, action_valid=out.valid, reward=out.reward, done=out.done,
                     prompt_truncated=prompts[i][1], anchor=anchor_id(obs[i].text),
                 ))
-                history[i].append(HistoryEntry(observation=obs[i].text, action=parsed.action))
-                obs[i] = res.observation
+                history[i].append(HistoryEntry(observation=obs[i].text, action=out.parsed.action))
+                obs[i] = out.result.observation
             t_env += time.perf_counter() - t1
     rows.sort(key=lambda r: (r.traj, r.turn))
     return RolloutBatch(rows=rows, trajectories=trajs, tasks=[int(t) for t in tasks], group_size=group_size,

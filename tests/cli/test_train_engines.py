@@ -75,3 +75,45 @@ def test_verl_overrides_are_valid_for_verls_config(tmp_path):
             assert c.algorithm.gamma == 0.9 and (icsd.step_weight, icsd.gigpo_mode) == (0.4, "mean_std_norm")
         else:
             assert c.algorithm.gamma == 1.0 and c.algorithm.norm_adv_by_std_in_grpo is True
+
+
+def test_trl_with_gigpo_stops_with_one_line_before_loading_anything(tmp_path):
+    """cpu-demo's estimator is GiGPO; TRL runs GRPO, so the run stops at once (no TRL needed to say so)."""
+    r = _icsd("train", "--engine", "trl", "--preset", "cpu-demo", "--model", "tiny-random", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: icsd train --engine trl runs GRPO (one advantage per episode), not adv_estimator='gigpo': "
+        "pass --adv grpo, or use --engine builtin or verl for GiGPO"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.engines
+def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_path):
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd[trl]'")
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    r = _icsd("train", "--engine", "trl", "--preset", "cpu-demo", "--model", "tiny-random", "--adv", "grpo",
+              "--steps", "2", "--out", str(run), "--set", "n_tasks=2", "--set", "group_size=2", "--set", "max_turns=3",
+              "--set", "max_response_tokens=8", "--set", "max_prompt_tokens=3000", "--set", "one_shot=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    # the random model never ends an episode and 3000 tokens hold three turns: 3 reply turns per episode
+    steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
+    assert [s.split(":")[0] for s in steps] == ["step 0", "step 1"]
+    assert all(", episodes/turns 3, episodes/context_stops 0," in s and ", time/rollout " in s for s in steps)
+    shards = sorted((run / "dumps").glob("*.parquet"))
+    assert [p.name for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
+    for k, p in enumerate(shards):
+        t = pq.read_table(p)
+        traj, turn = t.column("traj_id").to_numpy() - (k << 24), t.column("turn_id").to_numpy()
+        assert sorted(set(traj.tolist())) == [0, 1, 2, 3]  # 2 tasks x 2 episodes, one TRL row each
+        for j in range(4):
+            counts = np.bincount(turn[traj == j])
+            assert len(counts) == 3 and (counts >= 1).all() and (counts <= 8).all()  # each turn: 1-8 reply tokens
+            assert (np.diff(turn[traj == j]) >= 0).all()
+    out = tmp_path / "c.parquet"
+    a = _icsd("audit", "coeffs", str(run / "dumps"), "--out", str(out), "--min-group", "8")
+    assert a.returncode == 0, a.stderr
+    rec = pq.read_table(out).column("c").to_numpy().astype(np.float32)
+    assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))

@@ -182,3 +182,77 @@ def test_two_process_data_parallel_gathers_before_allocating(tmp_path):
     compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=2))
     rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
     assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))
+
+
+def test_multi_turn_episodes_train_with_the_teacher_on_the_same_tokens_and_recompute_exactly(tmp_path):
+    """Whole WebShop episodes of the tiny model through EpisodeRollout: the dumps hold every reply turn of each
+    episode, the teacher scored the same completion behind the block, the advantages are TRL's GRPO of the
+    episode rewards, and `icsd audit coeffs` recomputes the deployed c exactly."""
+    import pyarrow.parquet as pq
+
+    from icsd_audit.alloc.options import AllocatorOptions
+    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.envs import make_env
+    from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
+    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
+    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher import skill_retriever
+
+    model, tok = tiny_random_causal_lm(seed=0)
+    builder = PromptBuilder(tok, env="webshop", history_window=1, max_prompt_tokens=3000)
+    settings = RolloutSettings(max_turns=3, max_response_tokens=10, temperature=1.0, batch_rows=8, require_think=True,
+                               reward="score", record_logp=True)
+    make = lambda: make_env("webshop", split="train", max_steps=3, seed=0)  # noqa: E731
+    probe = make()
+    tasks = {builder.student_text(turn_context(probe.reset(t), "webshop")): t for t in (3, 8)}
+    batches = []
+
+    class Recorded(EpisodeRollout):
+        def play(self, *a, **k):
+            batches.append(super().play(*a, **k))
+            return batches[-1]
+
+    rollout = Recorded(tokenizer=tok, builder=builder, make_env=make, settings=settings, invalid_penalty=0.1,
+                       tasks=tasks, teacher_skill=skill_retriever(load_skillbank("webshop"), skill_mode="match",
+                                                                  skill_match="sdar"))
+    ds = datasets.Dataset.from_list([{"prompt": p} for p in tasks] * 3)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=3010, max_steps=3, learning_rate=1e-3, use_cpu=True, bf16=False,
+                      report_to=[], logging_steps=1, save_strategy="no", seed=0, shuffle_dataset=False,
+                      dataloader_num_workers=0)
+    # the random model never writes a valid action: every episode scores -0.1, so a length reward makes the
+    # GRPO advantages non-zero
+    tr = ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=[episode_reward, _reward], args=args,
+                         train_dataset=ds, rollout_func=rollout, icsd=ICSDConfig(distill_coef=0.5, min_group=4,
+                                                                                 dump_dir=str(tmp_path / "dumps")))
+    tr.train()
+    shards = sorted((tmp_path / "dumps").glob("*.parquet"))
+    assert len(shards) == len(batches) == 3
+    fresh, _ = tiny_random_causal_lm(seed=0)  # the weights batch 0 was scored with
+    for k, (shard, b) in enumerate(zip(shards, batches)):
+        t = pq.read_table(shard).to_pydict()
+        traj = np.asarray(t["traj_id"]) - (k << 24)
+        turn = np.asarray(t["turn_id"])
+        rewards = [-0.1 + len(tok.decode(c, skip_special_tokens=True)) % 5 for c in b.completion_ids]
+        for r in range(4):
+            sel = traj == r
+            runs = np.flatnonzero(np.diff(np.r_[0, b.env_mask[r], 0]) == 1)  # where each reply starts
+            lengths = np.flatnonzero(np.diff(np.r_[0, b.env_mask[r], 0]) == -1) - runs
+            assert b.trajectories[r].n_turns == 3 and len(runs) == 3  # three reply turns, all in the dump
+            assert turn[sel].tolist() == np.repeat(np.arange(3), lengths).tolist()
+            a, o = rewards[r], rewards[r ^ 1]  # the group: the two episodes of one task
+            want = (a - (a + o) / 2) / (abs(a - o) / np.sqrt(2) + 1e-4)
+            assert np.allclose(np.asarray(t["advantage"])[sel], want, atol=1e-5)
+            if k == 0:  # the teacher scored this completion behind its prompt with the initial weights
+                for key, prompt in (("teacher_logp", b.teacher_prompt_ids[r]), ("logp", b.prompt_ids[r])):
+                    ids = torch.tensor([prompt + b.completion_ids[r]])
+                    with torch.no_grad():
+                        lp = torch.log_softmax(fresh(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+                    lp = lp.gather(-1, ids[0, len(prompt):, None])[:, 0][torch.tensor(b.env_mask[r]) == 1]
+                    assert np.allclose(np.asarray(t[key])[sel], lp.numpy(), atol=2e-5), key
+        assert len(b.teacher_prompt_ids[0]) > len(b.prompt_ids[0])
+    summary = compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=4))
+    assert summary.n_batches == 3 and summary.max_turn_mass_error < 1e-12
+    rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
+    assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))
+    assert any(np.isfinite(h.get("icsd/tcm_icsd") or np.nan) for h in tr.state.log_history)
