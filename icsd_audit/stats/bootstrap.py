@@ -298,7 +298,7 @@ def cluster_bootstrap_ratio(
     chunk_size
         Resamples whose statistics are computed per step (rounded down to a multiple
         of :data:`BLOCK`, default 1024); never changes the result.  Working memory
-        is about 1 byte per cluster per block of 16 resamples in flight (plus a 2 MB tile per worker).
+        is about 1 byte per cluster per block of 16 resamples in flight (plus a 512 KB tile per worker).
     workers
         Threads drawing blocks in parallel; never changes the result.
     keep_replicates

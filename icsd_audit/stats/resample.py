@@ -20,15 +20,18 @@ a Binomial(n_s, k / n_s) number of draws (:func:`_drop_zero_rows`).
 
 Resamples come in blocks of :data:`BLOCK`, each drawn from its own child generator
 (SFC64, seeded from the caller's generator through a SeedSequence), so results do not
-depend on memory chunking or on the number of worker threads, and the first R
-resamples do not depend on how many are drawn in total.  Each worker thread reuses
-one counts buffer (1 byte per cluster and resample of a block) and one float64 tile.
+depend on memory chunking or on the number of workers, and the first R resamples do
+not depend on how many are drawn in total.  Each worker reuses one counts buffer
+(1 byte per cluster and resample of a block) and one float64 tile.  Extra workers are
+forked processes on Linux (:mod:`icsd_audit.stats.forked`: the engine holds the GIL
+too often for threads to help), threads elsewhere.
 
 Pure numpy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -37,6 +40,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from icsd_audit.stats.blas import BlasThreads
+from icsd_audit.stats.forked import ForkedBlocks, fork_available
 
 __all__ = ["BLOCK", "TUPLE", "resampled_sums", "batch_resampled_sums", "check_rng"]
 
@@ -53,7 +57,7 @@ _CODE = np.dtype(f"=i{TUPLE}")
 _FLAG = np.iinfo(_CODE).min  # sign bit: marks a bucket that straddles a CDF step
 _SLACK = 3.0  # Poisson rate lambda = 1 - _SLACK / sqrt(2**floor(log2 n))
 _TAKE_ELEMENTS = 1 << 16  # lookups per tile (keeps the intp temporary of np.take in cache)
-_GEMM_ELEMENTS = 1 << 18  # float64 counts converted per matrix product (2 MB buffer, reused)
+_GEMM_ELEMENTS = 1 << 16  # float64 counts per matrix product: a 512 KB tile that stays in a 1 MB L2 cache
 
 
 def check_rng(rng: Any) -> np.random.Generator:
@@ -391,8 +395,8 @@ def resampled_sums(
     (r1 - r0, n_groups, K): the column sums over the resampled clusters of each
     group, for resamples r0..r1-1.  Resamples come in blocks of :data:`BLOCK`, each
     from its own child generator, so neither ``chunk_size`` (resamples per yielded
-    chunk) nor ``workers`` (threads over blocks) changes any value.  Working memory
-    is about 1 byte per cluster per block in flight, plus a 2 MB tile per worker.
+    chunk) nor ``workers`` (forked processes on Linux, threads elsewhere) changes any value.  Working memory
+    is about 1 byte per cluster per block in flight, plus a 512 KB tile per worker.
     """
     gen0 = check_rng(rng)
     S = np.ascontiguousarray(sums, dtype=np.float64)
@@ -408,24 +412,25 @@ def resampled_sums(
     eng = _Engine(S, kept, sgroup, n_groups, seed_seq, totals)
     n_blocks = -(-n_resamples // BLOCK)
     per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // BLOCK)
-    workers = max(1, int(workers))
-    pool = None
-    if workers > 1:
-        from concurrent.futures import ThreadPoolExecutor
+    chunks = [range(b0, min(n_blocks, b0 + per_chunk)) for b0 in range(0, n_blocks, per_chunk)]
+    workers = max(1, min(int(workers), n_blocks))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(BlasThreads(1))
+        if workers > 1 and fork_available(n_blocks):  # processes: the block engine holds the GIL too often for threads
+            forked = stack.enter_context(ForkedBlocks(eng.block, n_blocks, workers, shape=(BLOCK, eng.n_groups, eng.k)))
+            compute = forked.take
+        elif workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
 
-        pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        with BlasThreads(1):
-            for b0 in range(0, n_blocks, per_chunk):
-                blocks = range(b0, min(n_blocks, b0 + per_chunk))
-                parts = list(pool.map(eng.block, blocks)) if pool is not None else [eng.block(b) for b in blocks]
-                T = np.concatenate(parts, axis=0)
-                r0 = b0 * BLOCK
-                r1 = min(n_resamples, r0 + T.shape[0])
-                yield r0, r1, T[: r1 - r0]
-    finally:
-        if pool is not None:
-            pool.shutdown()
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
+            compute = lambda blocks: list(pool.map(eng.block, blocks))  # noqa: E731
+        else:
+            compute = lambda blocks: [eng.block(b) for b in blocks]  # noqa: E731
+        for blocks in chunks:
+            T = np.concatenate(compute(blocks), axis=0)
+            r0 = blocks[0] * BLOCK
+            r1 = min(n_resamples, r0 + T.shape[0])
+            yield r0, r1, T[: r1 - r0]
 
 
 def batch_resampled_sums(
