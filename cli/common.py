@@ -69,10 +69,12 @@ def stderr_console() -> Any:
 
 
 def thread_count() -> int:
-    """Bootstrap workers: ``ICSD_THREADS``, else the cores (at most 8).
+    """Audit workers: ``ICSD_THREADS``, else the cores (at most 8).
 
-    Bootstrap blocks are seeded one by one, so their results do not depend on the
-    worker count; torch itself runs one thread on the audit path (:func:`set_threads`).
+    That many batches are allocated at once (one thread each) and the bootstrap's
+    blocks are shared by this process and workers - 1 forked ones; blocks are seeded
+    one by one and each batch runs torch on one intra-op thread (:func:`set_threads`),
+    so no result depends on the worker count.
     """
     import os
 
