@@ -6,6 +6,9 @@ The issue-3 speed criterion: the CLI at most 2x a bare
 Both run as fresh subprocesses, alternating, so start-up costs count on both sides;
 the medians and the ratio are printed, with each child's peak RSS (ru_maxrss).
 For the 50M-token memory check: --tokens 50000000 --batches 150 --repeats 1.
+``--baseline-python PY`` times a second install's ``icsd audit`` (e.g. a worktree of an
+older commit with its own virtualenv) in the same alternating loop, so a change is
+measured side by side with what it replaces on the same machine state.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=10_000)
     ap.add_argument("--statistic", default="tcm")
     ap.add_argument("--dumps", type=Path, default=None, help="reuse (or create) synthetic dumps here")
+    ap.add_argument("--baseline-python", default=None, help="python of another install to time side by side")
     args = ap.parse_args()
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,7 +60,7 @@ def main() -> None:
                 f"[pq.read_table(f) for f in sorted(glob.glob('{dumps}/*.parquet'))]"]
         audit = [sys.executable, "-m", "icsd_audit.cli", "audit", args.statistic, str(dumps),
                  "--resamples", str(args.resamples), "--json"]
-        t_bare, t_audit, rss, rss_bare = [], [], 0.0, 0.0
+        t_bare, t_audit, t_base, rss, rss_bare = [], [], [], 0.0, 0.0
         for _ in range(args.repeats):
             wall, peak = run(bare, env)
             t_bare.append(wall)
@@ -64,14 +68,22 @@ def main() -> None:
             wall, peak = run(audit, env)
             t_audit.append(wall)
             rss = max(rss, peak)
+            extra = ""
+            if args.baseline_python:
+                t_base.append(run([args.baseline_python, *audit[1:]], env)[0])
+                extra = f"  baseline {t_base[-1]:5.2f} s ({t_base[-1] / t_bare[-1]:4.2f}x)"
             print(f"  run {len(t_audit)}: bare {t_bare[-1]:5.2f} s  audit {wall:5.2f} s  ratio {wall / t_bare[-1]:4.2f}x"
-                  f"  load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"{extra}  load {os.getloadavg()[0]:.2f}", flush=True)
     b, a = statistics.median(t_bare), statistics.median(t_audit)
     print(f"tokens={args.tokens:,} batches={args.batches} resamples={args.resamples} load={os.getloadavg()[0]:.2f}")
     print(f"bare torch import + read : {b:6.2f} s (median of {args.repeats})  peak RSS {rss_bare:,.0f} MiB")
     print(f"icsd audit {args.statistic:<14}: {a:6.2f} s  peak RSS {rss:,.0f} MiB")
     print(f"ratio                    : {a / b:6.2f}x (of medians); per run: median "
           f"{statistics.median(x / y for x, y in zip(t_audit, t_bare)):.2f}x, max {max(x / y for x, y in zip(t_audit, t_bare)):.2f}x")
+    if t_base:
+        r = [x / y for x, y in zip(t_base, t_bare)]
+        print(f"baseline ({args.baseline_python}): {statistics.median(t_base):6.2f} s; per run: median "
+              f"{statistics.median(r):.2f}x, max {max(r):.2f}x")
 
 
 if __name__ == "__main__":
