@@ -14,6 +14,7 @@ in a process of its own and then exits without the interpreter's teardown.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -120,14 +121,10 @@ def entry() -> NoReturn:
     status = 0 if code is None else int(code)
     try:
         sys.stdout.flush()
-    except BrokenPipeError:  # the reader closed stdout (| head): nothing more to say
+    except (OSError, ValueError):  # the reader closed stdout (| head), or it was closed: nothing more to say
         status = status or 1
-    except (OSError, ValueError):
-        status = status or 1
-    try:
+    with contextlib.suppress(OSError, ValueError):  # nowhere left to report a failure to write stderr
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     import atexit
 
     atexit._run_exitfuncs()

@@ -16,6 +16,7 @@ A child touches nothing else and leaves with ``os._exit``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -120,10 +121,8 @@ class ForkedBlocks:
         for fd, pid in self.children.items():
             os.close(fd)
             if not done:
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it has already ended
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             _, status = os.waitpid(pid, 0)
             if done and status != 0:
                 failed.append(status)
