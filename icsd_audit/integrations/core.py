@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+import hashlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -44,6 +45,7 @@ from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
 __all__ = [
     "C_KEY",
     "TEACHER_KEY",
+    "stable_traj_id",
     "AllocationSettings",
     "PaddedAllocation",
     "tcm",
@@ -63,6 +65,14 @@ __all__ = [
 C_KEY = "icsd_c"
 #: batch key of the privileged teacher's log-probs in verl (not ``teacher_logprobs``, which verl rewrites)
 TEACHER_KEY = "icsd_teacher_log_probs"
+
+
+def stable_traj_id(uid: Any) -> int:
+    """A 63-bit integer id for a trajectory uid (same uid, same id on every process and run).
+
+    BLAKE2b, not Python's salted ``hash``: trajectory ids go into dumps read by other processes.
+    """
+    return int.from_bytes(hashlib.blake2b(str(uid).encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 @dataclass(frozen=True)

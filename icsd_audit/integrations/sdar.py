@@ -24,7 +24,6 @@ not have before their forward pass (our built-in actor runs a no-grad pre-pass f
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 
 from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
-                                          write_dump)
+                                          stable_traj_id, write_dump)
 from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
 __all__ = ["C_KEY", "TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
@@ -61,11 +60,6 @@ def compute_icsd_loss(student_log_probs: Tensor, teacher_log_probs: Tensor, c: T
                    "icsd/teacher_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
                    "icsd/aux_loss": float(loss.detach())}
     return loss, metrics
-
-
-def stable_traj_id(uid: Any) -> int:
-    """A 63-bit integer id for a trajectory uid (same uid, same id on every process and run)."""
-    return int.from_bytes(hashlib.blake2b(str(uid).encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 def dump_writer(out_dir: str | Path, *, rank: int = 0, **kwargs: Any) -> Any:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.core import turn_ids_from_mask
+from icsd_audit.integrations.core import stable_traj_id, turn_ids_from_mask
 from icsd_audit.train.advantages import AdvantageResult, TurnRecords, anchor_id_bytes, gigpo_advantages
 
 __all__ = ["NEEDS_ICSD_SYNC", "Sessions", "turn_anchors", "turn_records", "gigpo_token_advantages",
@@ -71,8 +71,7 @@ class Sessions:
             uids.append(parts[0])
             sessions.append(f"{parts[0]}_{parts[1]}")
             index.append(int(parts[2]))
-        # a stable hash, not Python's salted one: trajectory ids go into dumps read by other processes
-        traj = torch.as_tensor([anchor_id_bytes(s.encode()) & ((1 << 63) - 1) for s in sessions], dtype=torch.long)
+        traj = torch.as_tensor([stable_traj_id(s) for s in sessions], dtype=torch.long)
         return Sessions(uid=np.asarray(uids, dtype=object), traj=traj, index=torch.as_tensor(index, dtype=torch.long))
 
     @property
