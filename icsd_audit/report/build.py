@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from icsd_audit import __version__
-from icsd_audit.alloc.options import required_columns, weight_pair
+from icsd_audit.alloc.options import required_columns, weighted_batches
 from icsd_audit.grads.cosines import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
@@ -106,9 +106,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
     cos_rows = CosineRows(with_perm=with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
     n_tokens = n_batches = 0
-    for batch in prefetch(reader):
+    for batch, weights, _ in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare)):
         tokens = batch.tokens
-        weights, _ = weight_pair(tokens, opts.allocator(opts.base), opts.allocator(opts.compare))
         pooled.add(tokens, weights)
         if per_step is not None:
             step = _column(batch, reader, "step")
