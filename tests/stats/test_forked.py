@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -56,11 +57,12 @@ def test_a_failing_child_is_an_error_not_a_hang() -> None:
     def block(b: int) -> np.ndarray:
         if os.getpid() != parent:
             raise MemoryError("child out of memory")
+        time.sleep(0.02)  # a slow parent: the child surely takes (and fails on) a block before the queue runs dry
         return _block(b)
 
     with pytest.raises(RuntimeError, match="bootstrap worker process"):
-        with ForkedBlocks(block, 200, 2, shape=(BLOCK, 3, 2)) as fb:
-            for b0 in range(0, 200, 20):
+        with ForkedBlocks(block, 60, 2, shape=(BLOCK, 3, 2)) as fb:
+            for b0 in range(0, 60, 20):
                 fb.take(range(b0, b0 + 20))
     assert not _children_left()
 
