@@ -12,7 +12,7 @@ from .common import fail, handle_errors, stderr_console
 from .apps import app
 
 
-#: What ``pip install 'icsd[train]'`` adds (pyproject.toml), by import name.
+#: What ``pip install 'icsd-audit[train]'`` adds (pyproject.toml), by import name.
 TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors")
 
 
@@ -30,7 +30,7 @@ def _require_train_extra(command: str) -> None:
             missing.append(name)
     if missing:
         raise fail(f"`icsd {command}` needs the [train] extra ({', '.join(missing)} not installed): "
-                   "pip install 'icsd[train]' (from a checkout: pip install -e '.[train]')")
+                   "pip install 'icsd-audit[train]' (from a checkout: pip install -e '.[train]')")
 
 
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
@@ -142,7 +142,7 @@ def train_cmd(
     plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar (the default when stderr is not a terminal)."),
     engine: str = typer.Option(
         "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO only: --adv grpo; "
-        "icsd[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd[verl]). See docs/engines.md."),
+        "icsd-audit[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd-audit[verl]). See docs/engines.md."),
 ) -> None:
     """Train a policy with GRPO/GiGPO, a privileged self-teacher and an allocated distillation term.
 

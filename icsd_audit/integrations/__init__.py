@@ -4,8 +4,8 @@
   batches, turn ids, duplicate rows, the distillation loss, dump rows (torch/numpy only);
 - :mod:`~icsd_audit.integrations.sdar` -- drop-in for verl-agent / SDAR forks
   (``compute_icsd_loss``, ``allocate_dataproto``, a dump hook);
-- :mod:`~icsd_audit.integrations.trl` -- ``ICSDGRPOTrainer`` (needs ``icsd[trl]``);
-- :mod:`~icsd_audit.integrations.verl` -- the verl plug-in (needs ``icsd[verl]``).
+- :mod:`~icsd_audit.integrations.trl` -- ``ICSDGRPOTrainer`` (needs ``icsd-audit[trl]``);
+- :mod:`~icsd_audit.integrations.verl` -- the verl plug-in (needs ``icsd-audit[verl]``).
 
 See docs/engines.md.
 """

@@ -106,7 +106,7 @@ def _verl_requirements() -> tuple[int, str | None]:
     import torch
 
     if importlib.util.find_spec("verl") is None:
-        return 0, "needs verl: pip install 'icsd[verl]'"
+        return 0, "needs verl: pip install 'icsd-audit[verl]'"
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n == 0:
         return 0, ("needs NVIDIA GPUs (torch sees none) and a rollout engine (pip install vllm); "
@@ -145,7 +145,7 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
         raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
                                 f"adv_estimator={cfg.adv_estimator!r}: pass --adv grpo, or use --engine builtin or verl for GiGPO")
     if importlib.util.find_spec("trl") is None:
-        raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd[trl]'")
+        raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
     import os
 
     import datasets

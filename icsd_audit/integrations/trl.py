@@ -1,6 +1,6 @@
 """ICSD on TRL: ``ICSDGRPOTrainer``, a ``trl.GRPOTrainer`` with a privileged self-teacher.
 
-Needs ``pip install 'icsd[trl]'`` (tested: trl 1.16).  Per generation batch it
+Needs ``pip install 'icsd-audit[trl]'`` (tested: trl 1.16).  Per generation batch it
 
 1. lets TRL generate and score completions (rewards, GRPO advantages, ...);
 2. scores the *same* completion tokens under the privileged prompt (the row's prompt
@@ -50,13 +50,13 @@ try:
     import trl
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("icsd_audit.integrations.trl needs TRL: pip install 'icsd[trl]'") from e
+    raise ImportError("icsd_audit.integrations.trl needs TRL: pip install 'icsd-audit[trl]'") from e
 
 #: [lowest tested, first untested) TRL versions.
 TESTED_TRL = ((1, 16), (1, 17))
 if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if p.isdigit()) < TESTED_TRL[1]:
     warnings.warn(f"TRL {trl.__version__} is outside the range ICSDGRPOTrainer was tested with (1.16.x); "
-                  "pip install 'icsd[trl]'", RuntimeWarning, stacklevel=2)
+                  "pip install 'icsd-audit[trl]'", RuntimeWarning, stacklevel=2)
 
 from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss,
                                           dump_writer, tcm, turn_ids_from_mask, write_dump)

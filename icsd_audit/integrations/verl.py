@@ -1,4 +1,4 @@
-"""ICSD inside verl (``pip install 'icsd[verl]'``; tested: verl 0.9.1): the worker loss and the plug-in.
+"""ICSD inside verl (``pip install 'icsd-audit[verl]'``; tested: verl 0.9.1): the worker loss and the plug-in.
 
 verl's policy-loss registry (``core_algos.register_policy_loss``) never sees the batch,
 so it cannot carry ``c`` or teacher log-probs.  The hook that does is the worker loss
@@ -94,11 +94,11 @@ def check_verl() -> str:
     try:
         import verl
     except ImportError as e:
-        raise VerlCompatError("verl is not installed: pip install 'icsd[verl]'") from e
+        raise VerlCompatError("verl is not installed: pip install 'icsd-audit[verl]'") from e
     version = getattr(verl, "__version__", "0")
     lo, hi = TESTED_VERL
     if not (_version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi)):
-        raise VerlCompatError(f"verl {version} is outside the tested range [{lo}, {hi}); pip install 'icsd[verl]'")
+        raise VerlCompatError(f"verl {version} is outside the tested range [{lo}, {hi}); pip install 'icsd-audit[verl]'")
     for path, params in EXPECTED_SIGNATURES.items():
         try:
             obj = _resolve(path)

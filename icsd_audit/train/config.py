@@ -87,7 +87,7 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
-    """Environment name (built-in: webshop, alfworld, searchqa; alfworld needs `pip install 'icsd[alfworld]'`)."""
+    """Environment name (built-in: webshop, alfworld, searchqa; alfworld needs `pip install 'icsd-audit[alfworld]'`)."""
     env_url: str | None = None
     """URL of a real WebShop server; None uses the built-in offline WebShop."""
     alfworld_data: str | None = None

@@ -66,5 +66,5 @@ def test_train_without_the_train_extra_says_which_extra_in_one_line(tmp_path) ->
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    assert "[train] extra" in lines[0] and "transformers" in lines[0] and "pip install 'icsd[train]'" in lines[0]
+    assert "[train] extra" in lines[0] and "transformers" in lines[0] and "pip install 'icsd-audit[train]'" in lines[0]
     assert not (tmp_path / "run").exists()  # nothing written

@@ -54,7 +54,7 @@ def test_verl_command_carries_the_run_settings(tmp_path):
 
 @pytest.mark.engines
 def test_verl_overrides_are_valid_for_verls_config(tmp_path):
-    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd[verl]'")
+    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
     import os
 
     from hydra import compose, initialize_config_dir
@@ -89,7 +89,7 @@ def test_trl_with_gigpo_stops_with_one_line_before_loading_anything(tmp_path):
 
 @pytest.mark.engines
 def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_path):
-    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd[trl]'")
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
     import numpy as np
     import pyarrow.parquet as pq
 

@@ -16,7 +16,7 @@ from icsd_audit.envs.alfworld.engine import engine_available
 from icsd_audit.envs.alfworld.games import EXPERT_STEP_LIMIT, SPLIT_SEEDS, load_manifest
 
 pytestmark = pytest.mark.skipif(
-    not engine_available(), reason="ALFWorld engine not installed: pip install 'icsd[alfworld]'")
+    not engine_available(), reason="ALFWorld engine not installed: pip install 'icsd-audit[alfworld]'")
 
 
 @pytest.fixture(autouse=True)

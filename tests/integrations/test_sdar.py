@@ -140,7 +140,7 @@ def test_allocate_dataproto_needs_turn_step():
 
 
 def test_real_dataproto():
-    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd[verl]'")
+    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
     from verl import DataProto
 
     dp, n = _dataproto(2, dup=(1,))

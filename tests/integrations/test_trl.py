@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd[trl]'")
+pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
 datasets = pytest.importorskip("datasets", reason="datasets (a TRL dependency) not installed")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402

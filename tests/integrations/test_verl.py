@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl not installed: pip install 'icsd[verl]'")
+pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
 
 from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl not installed: pip install 'icsd[verl]'")
+pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
 
 from icsd_audit.integrations.verl_gigpo import (NEEDS_ICSD_SYNC, Sessions, compute_gigpo_advantage,  # noqa: E402
                                                 register_estimator, turn_anchors)

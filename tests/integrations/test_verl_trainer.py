@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl not installed: pip install 'icsd[verl]'")
-tq = pytest.importorskip("transfer_queue", reason="TransferQueue not installed: pip install 'icsd[verl]'")
+pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
+tq = pytest.importorskip("transfer_queue", reason="TransferQueue not installed: pip install 'icsd-audit[verl]'")
 
 from tensordict import TensorDict  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402

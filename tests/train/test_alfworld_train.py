@@ -17,7 +17,7 @@ from icsd_audit.train.config import ConfigError, TrainConfig, preset, preset_for
 from icsd_audit.train.eval import group_counts, group_success
 
 needs_engine = pytest.mark.skipif(not engine_available(),
-                                  reason="ALFWorld engine not installed: pip install 'icsd[alfworld]'")
+                                  reason="ALFWorld engine not installed: pip install 'icsd-audit[alfworld]'")
 SMALL = ["--set", "group_size=2", "--set", "max_turns=2", "--set", "max_response_tokens=8",
          "--set", "max_prompt_tokens=384", "--set", "micro_batch_rows=2", "--set", "min_group=4",
          "--set", "threads=1"]

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 __all__ = ["ENGINE_HINT", "EngineMissingError", "engine_available", "require_engine", "make_game_env",
            "expert_play", "keep_argv", "memoize_parsing"]
 
-ENGINE_HINT = "--env alfworld needs the ALFWorld engine: pip install 'icsd[alfworld]'"
+ENGINE_HINT = "--env alfworld needs the ALFWorld engine: pip install 'icsd-audit[alfworld]'"
 
 
 class EngineMissingError(ImportError):

@@ -104,7 +104,7 @@ class BM25Retriever:
         try:
             import bm25s
         except ImportError as exc:  # pragma: no cover - exercised only without the extra
-            raise ImportError("Search-QA's BM25 needs bm25s: pip install 'icsd[train]' (or pip install bm25s)") from exc
+            raise ImportError("Search-QA's BM25 needs bm25s: pip install 'icsd-audit[train]' (or pip install bm25s)") from exc
         return bm25s.BM25(k1=K1, b=B, method="lucene")
 
     @staticmethod

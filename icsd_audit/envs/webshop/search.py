@@ -57,7 +57,7 @@ class SearchEngine:
             import bm25s
         except ImportError as exc:  # pragma: no cover - exercised only without the extra
             raise ImportError(
-                "The built-in WebShop needs bm25s for search: pip install 'icsd[train]' (or pip install bm25s)"
+                "The built-in WebShop needs bm25s for search: pip install 'icsd-audit[train]' (or pip install bm25s)"
             ) from exc
         corpus = [tokenize(product_text(p)) for p in products]
         self._bm25 = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
