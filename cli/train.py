@@ -240,7 +240,7 @@ def eval_cmd(
     _check_env_data(cfg)
     set_threads(cfg.threads)
     dev = resolve_device(cfg.device)
-    policy, tok = load_policy(cfg.model, device=dev, seed=cfg.seed)
+    policy, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     builder = PromptBuilder(tok, env=cfg.env, history_window=cfg.history_window, max_prompt_tokens=cfg.max_prompt_tokens,
                             system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
     factory = _default_env_factory(cfg)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["OutputError", "check_output_file", "check_output_dir", "publish_directory", "temp_dir", "remove_stale",
-           "terminate_cleanly"]
+           "terminate_cleanly", "staging_dir"]
 
 
 class OutputError(ValueError):
@@ -176,6 +176,15 @@ def _mkdtemp(target: Path, kind: str) -> Path:
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared report once swapped in
     return tmp
+
+
+def staging_dir(target: str | Path, kind: str) -> Path:
+    """A fresh hidden directory next to ``target`` that the caller fills and renames to ``target`` (or removes).
+
+    Named like every temporary here, so a killed process's one is removed by the next
+    :func:`remove_stale` in that directory (this call runs one first).
+    """
+    return _mkdtemp(Path(target), kind)
 
 
 @contextlib.contextmanager

@@ -84,6 +84,8 @@ class TrainConfig:
     """'auto' (CUDA when available), 'cpu', 'cuda', 'cuda:1', ..."""
     precision: str = "auto"
     """'float32', or 'bf16-mixed' (fp32 weights and optimizer, bf16 autocast); 'auto' = bf16-mixed on CUDA, float32 on CPU."""
+    trust_remote_code: bool = False
+    """Run Python code shipped in the model folder (a config's auto_map); off unless asked for: a model folder from elsewhere could run anything."""
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"

@@ -117,12 +117,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def load_policy(model: str, *, device: torch.device, seed: int = 0) -> tuple[Any, Any]:
-    """(model, tokenizer) in float32: a local folder, the embedded SmolLM2, or 'tiny-random'."""
+def load_policy(model: str, *, device: torch.device, seed: int = 0,
+                trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) in float32: a local folder, the embedded SmolLM2, or 'tiny-random'.
+
+    Code shipped in a model folder runs only with ``trust_remote_code=True``.
+    """
     if model == "tiny-random":
         m, tok = tiny_random_causal_lm(seed=seed)
         return m.to(device), tok
-    lm = load_model(model, dtype="float32", device=device)
+    lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
     return lm.model, lm.tokenizer
 
 
@@ -195,7 +199,7 @@ class _Reference:
         return [out[i] for i in range(len(prompts))]
 
 
-def _frozen_loader(model: str, *, device: torch.device, seed: int) -> Callable[[], Any]:
+def _frozen_loader(model: str, *, device: torch.device, seed: int, trust_remote_code: bool = False) -> Callable[[], Any]:
     """A loader of the initial weights as a frozen eval-mode model, without progress bars."""
 
     def load() -> Any:
@@ -204,7 +208,7 @@ def _frozen_loader(model: str, *, device: torch.device, seed: int) -> Callable[[
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            m = load_policy(model, device=device, seed=seed)[0]
+            m = load_policy(model, device=device, seed=seed, trust_remote_code=trust_remote_code)[0]
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
@@ -256,8 +260,9 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     start = int(state["next_step"]) if state else 0
 
     # ---- models: the policy, and the frozen initial policy for the KL
-    initial, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed)
-    policy = initial if ckpt is None else load_policy(str(ckpt), device=device)[0]
+    initial, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    policy = initial if ckpt is None else load_policy(str(ckpt), device=device,
+                                                      trust_remote_code=cfg.trust_remote_code)[0]
     release_freed_memory()  # a first run converts the embedded GGUF in this process
     policy.eval()  # no dropout anywhere (see the module docstring)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -271,7 +276,8 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
         elif ckpt is not None:
             del initial  # the policy came from the checkpoint; the reference is reloaded per pass
         reference: _Reference | _NoReference = _Reference(
-            ref_model, _frozen_loader(cfg.model, device=device, seed=cfg.seed), **score_kw)
+            ref_model, _frozen_loader(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code),
+            **score_kw)
     else:
         reference = _NoReference()
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,

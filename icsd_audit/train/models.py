@@ -336,6 +336,7 @@ def load_model(
     refresh_cache: bool = False,
     padding_side: str | None = None,
     eval_mode: bool = True,
+    trust_remote_code: bool = False,
     **from_pretrained_kwargs: Any,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local folder, offline.
@@ -348,6 +349,8 @@ def load_model(
         refresh_cache: rebuild the embedded model's converted cache.
         padding_side: set on the tokenizer when given (``"left"`` for batched generation).
         eval_mode: return the model in ``eval()`` mode (dropout off); the trainer switches.
+        trust_remote_code: run Python code shipped in the model folder (``auto_map``); off unless
+            asked for, since a model folder from elsewhere could run anything.
         from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
     """
     from transformers import AutoModelForCausalLM
@@ -370,12 +373,13 @@ def load_model(
             )
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"{folder} has no config.json; point to the folder that holds the model's files")
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     with _offline():
         model = AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, **_dtype_kwarg(dt), **from_pretrained_kwargs
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code, **_dtype_kwarg(dt),
+            **from_pretrained_kwargs
         )
     model.to(dev)
     if eval_mode:

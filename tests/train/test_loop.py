@@ -135,7 +135,7 @@ def test_one_step_on_builtin_webshop(tmp_path, bank):
     assert meta["allocator"]["lambda"] == 0.01
     total = sum(b.n_rows for b in reader)
     assert total == r["actor/tokens"]
-    assert res.checkpoint is not None and (res.checkpoint / "trainer_state.pt").is_file()
+    assert res.checkpoint is not None and (res.checkpoint / "trainer_state.json").is_file()
 
 
 @pytest.mark.parametrize("allocator,scope", [("icsd", "mini-batch"), ("permuted", "mini-batch"),

@@ -77,8 +77,10 @@ def test_memory_savers_leave_metrics_and_dumps_unchanged(tmp_path: Path, bank: s
         for col in a.column_names:
             assert a.column(col).equals(b.column(col)), (name, col)
     # the checkpoints' optimizer state (spilled and read back in between) is the same too
-    sa = torch.load(plain.checkpoint / "trainer_state.pt", weights_only=False)["optimizer"]["state"]
-    sb = torch.load(lean.checkpoint / "trainer_state.pt", weights_only=False)["optimizer"]["state"]
+    from icsd_audit.train.checkpoint import load_trainer_state
+
+    sa = load_trainer_state(plain.checkpoint)["optimizer"]["state"]
+    sb = load_trainer_state(lean.checkpoint)["optimizer"]["state"]
     assert sa.keys() == sb.keys() and sa
     for k in sa:
         for name in ("exp_avg", "exp_avg_sq"):
