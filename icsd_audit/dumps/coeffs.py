@@ -75,7 +75,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order."""
     out = check_output_file(out, paths)
     reader = DumpReader(paths, columns=None, require=required_columns(opts.allocator))
-    _check_same_columns(reader)
+    schema = _output_schema(reader)
     summary = CoeffsSummary(n_rows=reader.n_rows)
     with temp_dir(out, "coeffs") as tmp:
         store = {k: np.lib.format.open_memmap(Path(tmp) / f"{k}.npy", mode="w+", dtype=np.float64, shape=(reader.n_rows,))
@@ -108,9 +108,9 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
                 if writer is None:
                     kv = dict(table.schema.metadata or {})
                     kv[METADATA_KEY.encode()] = json.dumps(meta, sort_keys=True).encode()
-                    schema = table.schema.with_metadata(kv)
-                    writer = pq.ParquetWriter(tmp_out, schema, compression="zstd",
-                                              use_dictionary=dictionary_columns(schema))
+                    full = pa.schema([f if f.name in OUTPUT_COLUMNS else schema.field(f.name) for f in table.schema]).with_metadata(kv)
+                    writer = pq.ParquetWriter(tmp_out, full, compression="zstd",
+                                              use_dictionary=dictionary_columns(full))
                 writer.write_table(table.select(writer.schema.names).cast(writer.schema))
         finally:
             if writer is not None:
@@ -125,8 +125,14 @@ def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
     return table.append_column(name, values)
 
 
-def _check_same_columns(reader: DumpReader) -> None:
-    """One output table needs one column set: refuse, before any work, inputs whose columns differ."""
+def _output_schema(reader: DumpReader) -> pa.Schema:
+    """The one schema of the output table: every input's columns in their common type.
+
+    Inputs whose columns differ are refused before any work; types that differ are
+    widened to the narrowest type holding them all (int32 and int64 -> int64, float32
+    and float64 -> float64; the reader has already refused uint64 values that no
+    signed type holds).
+    """
     first, ref = reader.paths[0], reader.schemas[0]
     want = [n for n in ref.names if n not in OUTPUT_COLUMNS]
     for path, schema in zip(reader.paths[1:], reader.schemas[1:]):
@@ -137,14 +143,21 @@ def _check_same_columns(reader: DumpReader) -> None:
                                          f"has extra {', '.join(extra)}" if extra else "") if x)
             raise DumpError(path, f"columns differ from {first} ({what}); coeffs writes one table, so every input "
                                   "needs the same columns", column=(missing or extra)[0])
-        for name in want:
-            src, dst = schema.field(name).type, ref.field(name).type
-            if src != dst:
-                try:
-                    pa.array([], type=src).cast(dst)
-                except (pa.ArrowException, ValueError, TypeError):
-                    raise DumpError(path, f"type {src} cannot be written as {dst}, its type in {first}",
-                                    column=name) from None
+    fields = []
+    for name in want:
+        out = ref.field(name)
+        for path, schema in zip(reader.paths[1:], reader.schemas[1:]):
+            src = schema.field(name).type
+            if src == out.type:
+                continue
+            try:
+                out = out.with_type(pa.unify_schemas([pa.schema([out]), pa.schema([schema.field(name)])],
+                                                     promote_options="permissive").field(name).type)
+            except (pa.ArrowException, ValueError, TypeError):
+                raise DumpError(path, f"type {src} has no common type with {ref.field(name).type}, its type in "
+                                      f"{first}", column=name) from None
+        fields.append(out)
+    return pa.schema(fields)
 
 
 def merged_metadata(reader: DumpReader) -> dict[str, Any]:

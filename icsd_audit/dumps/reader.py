@@ -17,6 +17,7 @@ files whose recorded allocator settings or synthetic flags disagree.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -74,8 +75,10 @@ def _unreadable(path: Path, what: str) -> DumpError:
 def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
     """Files as given, directories expanded to every ``*.parquet`` below them in sorted order.
 
-    Hidden scratch directories of icsd writers are skipped; an unreadable file or
-    directory is an error naming it (never silently skipped).
+    Hidden scratch directories of icsd writers are skipped.  An unreadable file or
+    directory, a broken ``*.parquet`` link, a directory link that loops back to a
+    directory holding it, and a file reached twice (given twice, or through a link)
+    are each an error naming the path (never silently skipped, never read twice).
     """
     if not paths:
         raise DumpError("<input>", "no input paths given")
@@ -85,27 +88,64 @@ def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
         if p.is_dir():
             if not os.access(p, os.R_OK | os.X_OK):
                 raise _unreadable(p, "directory")
-            found = []
-
-            def fail(exc: OSError, top: Path = p) -> None:
-                raise _unreadable(Path(exc.filename or top), "directory") from None
-
-            for d, dirs, files in os.walk(p, onerror=fail, followlinks=True):
-                dirs[:] = [x for x in dirs if not _SCRATCH.fullmatch(x)]
-                found += [Path(d) / f for f in files if f.endswith(".parquet") and os.path.isfile(os.path.join(d, f))]
+            found = _walk(p)
             if not found:
                 raise DumpError(p, "directory holds no *.parquet files")
             out.extend(sorted(found))
         elif p.is_file():
             out.append(p)
-        elif os.path.lexists(p) and not os.path.exists(p):
-            raise DumpError(p, "broken symbolic link")
+        elif os.path.lexists(p):
+            raise _broken_link(p)
         else:
             raise DumpError(p, "no such file or directory")
+    seen: dict[tuple[int, int], Path] = {}
     for f in out:
         if not os.access(f, os.R_OK):
             raise _unreadable(f, "file")
+        st = f.stat()
+        first = seen.setdefault((st.st_dev, st.st_ino), f)
+        if first is not f:
+            how = "given twice" if os.path.abspath(first) == os.path.abspath(f) else f"the same file as {first}"
+            raise DumpError(f, f"{how}; its rows would count twice, so give each file once")
     return out
+
+
+def _broken_link(p: Path) -> DumpError:
+    """A symbolic link that leads nowhere: its target missing, or a loop of links."""
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return DumpError(p, "symbolic link loop (the link resolves to itself)")
+    return DumpError(p, f"broken symbolic link (its target {os.readlink(p)} does not exist)")
+
+
+def _walk(top: Path) -> list[Path]:
+    """Every ``*.parquet`` file below ``top``, following directory links but refusing loops."""
+    found: list[Path] = []
+
+    def fail(exc: OSError) -> None:
+        raise _unreadable(Path(exc.filename or top), "directory") from None
+
+    for d, dirs, files in os.walk(top, onerror=fail, followlinks=True):
+        dirs[:] = [x for x in dirs if not _SCRATCH.fullmatch(x)]
+        here = os.path.realpath(d)
+        for x in dirs:
+            link = os.path.join(d, x)
+            if os.path.islink(link):
+                real = os.path.realpath(link)
+                if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
+                    raise DumpError(link, f"symbolic link loop: it points to {os.readlink(link)}, a directory that "
+                                          "holds the link; remove the link or give the directories separately")
+        for f in files:
+            path = os.path.join(d, f)
+            if not f.endswith(".parquet"):
+                continue
+            if os.path.isfile(path):
+                found.append(Path(path))
+            elif os.path.islink(path) and not os.path.exists(path):
+                raise _broken_link(Path(path))
+    return found
 
 
 def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
@@ -259,7 +299,11 @@ class DumpReader:
                 n = pf.metadata.row_group(gi).num_rows
                 if n == 0:
                     continue
-                ids = _read_group(pf, path, gi, ["batch_id"], offset).column(0).to_numpy()
+                col = _read_group(pf, path, gi, ["batch_id"], offset).column(0)
+                if col.null_count:
+                    row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                    raise DumpError(path, "null value", column="batch_id", row=offset + row)
+                ids = col.to_numpy()
                 group_no = len(self._groups)
                 self._groups.append(_Group(fi, gi, n, offset, total))
                 # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
@@ -270,6 +314,7 @@ class DumpReader:
         if total == 0:
             raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
         check_metadata(self.paths, self._metas)
+        self._check_integer_mix(None if columns is None else [*_INT_COLS, "pos", *columns])
         self.n_rows = total
         self.schema = self._files[0].schema_arrow
         self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *_OPTIONAL_FLOATS,
@@ -277,6 +322,27 @@ class DumpReader:
         # optional scalar columns that become token columns (None: read all, convert only pos)
         self._extra = () if columns is None else tuple(c for c in dict.fromkeys(columns) if c not in REQUIRED)
         self._cache: "OrderedDict[int, pa.Table]" = OrderedDict()
+
+    def _check_integer_mix(self, names: Sequence[str] | None) -> None:
+        """Refuse, before any batch is read, uint64 values >= 2**63 where other files give the column a signed type.
+
+        Such values have no common integer type with the other files (pooling would
+        wrap them onto negative ids); found from the row-group statistics, reading
+        the column only where those are missing or show such a value.
+        """
+        schemas = self.schemas
+        for name in dict.fromkeys(names if names is not None else [n for s in schemas for n in s.names]):
+            types = [(s.field(name).type if name in s.names else None) for s in schemas]
+            signed = next((i for i, t in enumerate(types) if t is not None and pa.types.is_signed_integer(t)), None)
+            if signed is None:
+                continue
+            for fi, t in enumerate(types):
+                if t is not None and pa.types.is_uint64(t):
+                    hit = _first_beyond_int64(self._files[fi], self.paths[fi], name)
+                    if hit is not None:
+                        raise DumpError(self.paths[fi], f"value {hit[1]} does not fit {types[signed]}, this column's "
+                                        f"type in {self.paths[signed]}; integer columns mixed across files must share "
+                                        "a type (ids are int64, SPEC 1)", column=name, row=hit[0])
 
     @property
     def batch_ids(self) -> list[int]:
@@ -347,6 +413,26 @@ def _read_group(pf: pq.ParquetFile, path: Path, index: int, columns: list[str] |
     except (pa.ArrowException, OSError, EOFError) as exc:
         raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({_first_line(exc)})",
                         row=file_offset) from None
+
+
+def _first_beyond_int64(pf: pq.ParquetFile, path: Path, name: str) -> tuple[int, int] | None:
+    """(file row, value) of the first value >= 2**63 of the uint64 column ``name`` (None if there is none)."""
+    md = pf.metadata
+    leaf = next((j for j in range(md.num_columns) if md.schema.column(j).path == name), None)
+    offset = 0
+    for gi in range(md.num_row_groups):
+        n = md.row_group(gi).num_rows
+        stats = md.row_group(gi).column(leaf).statistics if leaf is not None else None
+        if n and not (stats is not None and stats.has_min_max and int(stats.max) < 2**63):
+            import pyarrow.compute as pc
+
+            col = _read_group(pf, path, gi, [name], offset).column(0)
+            bad = np.flatnonzero(pc.fill_null(pc.greater_equal(col, pa.scalar(2**63, pa.uint64())), False)
+                                 .to_numpy(zero_copy_only=False))
+            if bad.size:
+                return offset + int(bad[0]), int(col[int(bad[0])].as_py())
+        offset += n
+    return None
 
 
 def read_dumps(paths: Sequence[str | Path] | str | Path, *, columns: Sequence[str] = ()) -> Iterator[Tokens]:
@@ -420,6 +506,10 @@ def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise DumpError(path, f"{'NaN' if np.isnan(values[row]) else 'infinite'} value", column=col, row=file_offset + row)
+        if col == "ratio" and not (values > 0).all():
+            row = int(np.flatnonzero(~(values > 0))[0])
+            raise DumpError(path, f"ratio {values[row]:g} is not > 0 (a ratio of two probabilities of a sampled "
+                                  "token)", column=col, row=file_offset + row)
         if col in _OPTIONAL_FLOATS and (values < 0).any():
             row = int(np.flatnonzero(values < 0)[0])
             raise DumpError(path, "negative value (a norm)", column=col, row=file_offset + row)

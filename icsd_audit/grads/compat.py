@@ -362,7 +362,8 @@ def _block_indicator(k: int, blocks: int, dtype: torch.dtype, device: torch.devi
     if blocks < 2:
         raise ValueError("the jackknife needs at least 2 blocks")
     if k < blocks:
-        raise ValueError(f"cannot split {k} sketch dims into {blocks} blocks")
+        raise ValueError(f"--blocks {blocks}: the gradient sketch has {k} projection dims, fewer than the jackknife "
+                         f"blocks; use --blocks {k} or less (0 skips the jackknife)")
     e = torch.zeros(blocks, k, dtype=dtype, device=device)
     for b, idx in enumerate(torch.tensor_split(torch.arange(k, device=device), blocks)):
         e[b, idx] = 1

@@ -85,25 +85,46 @@ def batch_source(batch: TokenBatch, path: str | Path, *, paths: Sequence[str | P
     :class:`DumpError` naming the file (from ``paths`` and the row's origin when given),
     the column and the row.
     """
-    import pyarrow as pa
-
     names = batch.table.column_names
     if "grad" in names:
-        col = batch.table.column("grad").combine_chunks()
-        if not (pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type)):
-            raise DumpError(path, f"expected a fixed-size list of floats, got {col.type}", column="grad")
-        _check_list(batch, col, "grad", path, paths)
-        flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-        n = len(col)
-        if n == 0 or flat.size % n:
-            raise DumpError(path, "rows have unequal gradient sketch lengths", column="grad")
-        return flat.reshape(n, flat.size // n)
-    cols = {c: _fixed_list(batch, c, path, paths) for c in names if c.startswith("sketch.")}
+        return _sketch_matrix(batch, "grad", path, paths).astype(np.float64)
+    cols = {c: _sketch_matrix(batch, c, path, paths) for c in names if c.startswith("sketch.")}
     if not cols:
         raise DumpError(path, "no gradient sketch: need sketch.<layer>.out/.in columns (train with `icsd train "
                         "--sketch-k K`, e.g. 32) or a dense per-token 'grad' column written by any trainer "
                         "(docs/gradients.md)", column="grad")
-    return factors_from_columns(cols)
+    try:
+        return factors_from_columns(cols)
+    except ValueError as exc:  # an .out column without its .in, or the reverse
+        raise DumpError(path, str(exc)) from None
+
+
+def _sketch_matrix(batch: TokenBatch, name: str, path: str | Path, paths: Sequence[str | Path] | None) -> np.ndarray:
+    """The (rows, k) matrix of a list column; a non-list type or rows of unequal length is a DumpError.
+
+    The error names the file of the first row whose length differs from the batch's
+    first row (from ``paths`` and the row's origin when given), the column and the row.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = batch.table.column(name).combine_chunks()
+    if not (pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        raise DumpError(path, f"expected a fixed-size list of floats (a gradient sketch), got {col.type}", column=name)
+    _check_list(batch, col, name, path, paths)
+    n = len(col)
+    if pa.types.is_fixed_size_list(col.type):
+        k = col.type.list_size
+    else:
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(lengths != lengths[0]) if n else np.empty(0, dtype=np.int64)
+        if bad.size:
+            row = int(bad[0])
+            raise DumpError(paths[int(batch.file_index[row])] if paths is not None else path,
+                            f"list of {lengths[row]} values where the batch's first row has {lengths[0]}; a gradient "
+                            "sketch has one length for every row", column=name, row=int(batch.file_row[row]))
+        k = int(lengths[0]) if n else 0
+    return col.flatten().to_numpy(zero_copy_only=False).reshape(n, k)
 
 
 def _check_list(batch: TokenBatch, col: Any, name: str, path: str | Path, paths: Sequence[str | Path] | None) -> None:
@@ -128,13 +149,6 @@ def _check_list(batch: TokenBatch, col: Any, name: str, path: str | Path, paths:
             row = int(np.searchsorted(col.offsets.to_numpy()[1:], bad, side="right"))
         fail(row, "null value inside the list" if np.isnan(flat[bad]) and values.null_count else
              f"{'NaN' if np.isnan(flat[bad]) else 'infinite'} value")
-
-
-def _fixed_list(batch: TokenBatch, name: str, path: str | Path, paths: Sequence[str | Path] | None) -> np.ndarray:
-    col = batch.table.column(name).combine_chunks()
-    _check_list(batch, col, name, path, paths)
-    flat = col.flatten().to_numpy(zero_copy_only=False)
-    return flat.reshape(len(col), -1)
 
 
 def batch_cosines(tokens: Tokens, weights: Weights, source: Any, perm: np.ndarray | None, *,
