@@ -53,7 +53,7 @@ def figures(
                                         confidence, grid, permutations))
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
-                           + ", ".join(p.name for p in written), soft_wrap=True)
+                           + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
 
 
 @audit_app.command("report")
@@ -80,8 +80,15 @@ def report(
                                      confidence, grid, permutations))
     written = write_report(rep, out)
     t = rep.stats.tcm
+    tcm = (f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)"
+           if t.n_active_tokens else "TCM undefined (no token with delta > 0 and |u| > eps)")
     stderr_console().print(
         f"[bold]{out / 'report.html'}[/]: {rep.provenance['n_tokens']:,} tokens, {rep.provenance['n_batches']} batches; "
-        f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % "
-        f"({100 * t.diff.estimate:+.1f} pp); {len(written)} files", soft_wrap=True
+        f"{tcm}; {len(written)} files" + (f"; not shown (why: summary.md): {', '.join(rep.omitted)}" if rep.omitted else ""),
+        soft_wrap=True
     )
+
+
+def _not_shown(rep: Any) -> str:
+    """``; not shown: section (reason), ...`` for the sections the data cannot support ('' when none)."""
+    return "".join(f"; not shown: {name} ({why})" for name, why in rep.omitted.items())

@@ -250,11 +250,18 @@ class CosineRows:
         else:
             self.skipped.append((int(batch_id), _why_undefined(tokens, self.clip_eps, self.dual_clip)))
 
+    def undefined(self) -> str | None:
+        """Why no batch has a cosine (None when some batch has one)."""
+        if self.rows:
+            return None
+        reasons = "; ".join(f"batch {b}: {r}" for b, r in self.skipped[:3])
+        more = f"; and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+        return f"gradient cosine undefined in every batch ({len(self.skipped)} skipped: {reasons}{more})"
+
     def summarize(self, **kw: Any) -> GradcosSummary:
-        if not self.rows:
-            reasons = "; ".join(f"batch {b}: {r}" for b, r in self.skipped[:3])
-            more = f"; and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
-            raise ValueError(f"gradient cosine undefined in every batch ({len(self.skipped)} skipped: {reasons}{more})")
+        why = self.undefined()
+        if why is not None:
+            raise ValueError(why)
         return summarize(self.ids, self.rows, self.jack or None, skipped=self.skipped, **kw)
 
 

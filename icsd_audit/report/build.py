@@ -124,17 +124,36 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         n_batches += 1
     boot = dict(n_resamples=opts.n_resamples, confidence_level=opts.confidence_level, rng=opts.seed)
     stats = pooled.finalize(**boot)
-    dynamics = per_step.finalize(**boot).tcm if per_step is not None and len(steps) >= 2 else None
+    omitted = _omitted(sketch_cols, cos_rows, per_step is not None, steps)
+    dynamics = per_step.finalize(**boot).tcm if per_step is not None and "dynamics" not in omitted else None
     return AuditReport(
         stats=stats,
         landscape=land.finalize(**boot),
         dynamics=dynamics,
         gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
                                    n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
-                                   confidence_level=opts.confidence_level, seed=opts.seed) if sketch_cols else None,
+                                   confidence_level=opts.confidence_level, seed=opts.seed)
+        if "alignment" not in omitted else None,
         provenance=provenance(reader, opts, n_tokens, n_batches),
         options=opts,
+        omitted=omitted,
     )
+
+
+def _omitted(sketch_cols: Sequence[str], cos_rows: CosineRows, has_step: bool, steps: set[Any]) -> dict[str, str]:
+    """Section -> why the data cannot support it; the report prints the reason in the section's place."""
+    out: dict[str, str] = {}
+    if not sketch_cols:
+        out["alignment"] = ("the dumps carry no gradient sketch (a 'grad' column or 'sketch.<layer>.out|in' columns, "
+                            "which `icsd train --sketch-k K` writes)")
+    elif cos_rows.undefined() is not None:
+        out["alignment"] = str(cos_rows.undefined())
+    if not has_step:
+        out["dynamics"] = "the dumps carry no 'step' column"
+    elif len(steps) < 2:
+        out["dynamics"] = (f"the dumps hold one training step ({', '.join(map(str, sorted(steps)))}); "
+                           "the per-step curve needs two or more")
+    return out
 
 
 # --------------------------------------------------------------------------- output

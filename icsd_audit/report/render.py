@@ -224,6 +224,8 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
     for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
+            if section in report.omitted:
+                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {report.omitted[section]}.*", ""]
             continue
         parts += [f"## {_TITLES.get(section, 'Summary' if section == 'summary' else 'Clipping exposure')}", ""]
         if section in figures:
@@ -279,6 +281,9 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
     for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
+            if section in report.omitted:
+                body += [f"<h2 id=\"{section}\">{e(_TITLES[section])}</h2>",
+                         f"<p class=\"note\">Not shown: {e(report.omitted[section])}.</p>"]
             continue
         title = _TITLES.get(section, "Summary" if section == "summary" else "Clipping exposure")
         body.append(f"<h2 id=\"{section}\">{e(title)}</h2>")

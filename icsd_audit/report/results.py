@@ -99,7 +99,12 @@ class ReportOptions:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """Everything the report shows: result objects of the statistics plus provenance."""
+    """Everything the report shows: result objects of the statistics plus provenance.
+
+    ``omitted`` maps each section the data cannot support (``alignment``,
+    ``dynamics``) to the reason, which the report prints in the
+    section's place: a report is never refused for want of one section.
+    """
 
     stats: AuditResults
     landscape: LandscapeResult
@@ -107,6 +112,7 @@ class AuditReport:
     gradcos: GradcosSummary | None
     provenance: Mapping[str, Any]
     options: ReportOptions = field(default_factory=ReportOptions)
+    omitted: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,4 +123,5 @@ class AuditReport:
             "landscape": self.landscape.to_dict(),
             "dynamics": None if self.dynamics is None else self.dynamics.to_dict(),
             "gradcos": None if self.gradcos is None else self.gradcos.to_dict(),
+            "omitted": dict(self.omitted),
         }
