@@ -33,14 +33,45 @@ def _require_train_extra(command: str) -> None:
                    "pip install 'icsd-audit[train]' (from a checkout: pip install -e '.[train]')")
 
 
+#: config fields whose command-line option is not ``--field-name``
+_FLAGS = {"total_steps": "--steps", "adv_estimator": "--adv", "distill_coef": "--lambda", "out_dir": "--out",
+          "checkpoint_optimizer": "--weights-only", "eval_tasks": "--tasks", "eval_temperature": "--temperature"}
+
+
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
-    from icsd_audit.train.config import TrainConfig, parse_override, preset_for
+    """The validated config; each problem names the option that set the field (``--seed: seed=-1 must ...``)."""
+    from icsd_audit.train.config import ConfigError, TrainConfig, parse_override, preset_for
 
     fields: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    given = {k: _FLAGS.get(k, "--" + k.replace("_", "-")) for k in fields}
     for item in sets:
         key, value = parse_override(item)
         fields[key] = value
-    return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields)
+        given[key] = f"--set {item.strip()}"
+    try:
+        return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields).validate()
+    except ConfigError as exc:
+        named = [next((f"{given[k]}: {p}" for k in given if p.startswith(f"{k}=")), p) for p in exc.problems]
+        raise ConfigError(named) from None
+
+
+def _resume_command() -> str | None:
+    """This command line with ``--resume`` (and without ``--overwrite`` / ``--resume-from``), when it is known."""
+    import shlex
+
+    args = sys.argv[1:]
+    if "train" not in args:
+        return None
+    kept: list[str] = []
+    skip = False
+    for a in args[args.index("train"):]:
+        if skip:
+            skip = False
+        elif a == "--resume-from":
+            skip = True
+        elif a != "--overwrite" and not a.startswith("--resume-from="):
+            kept.append(a)
+    return "icsd " + shlex.join(kept + ([] if "--resume" in kept else ["--resume"]))
 
 
 def _print_fields() -> None:
@@ -131,7 +162,11 @@ def train_cmd(
         None, help="Per-token gradient sketches in the dumps (for `icsd audit gradcos`): k projections per side; 0: off."),
     sketch_layers: Optional[str] = typer.Option(
         None, help="Layers to sketch: auto (LM head + last block's o_proj and MLP) or comma-separated module names."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run folder."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its newest complete checkpoint (from step 0 when it has "
+                                "none; a new run when --out is empty)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="--out holds another run: move it aside (to OUT.old-<date>, never deleted) and start afresh."),
     resume_from: Optional[Path] = typer.Option(None, help="Continue from this checkpoint folder."),
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set lr=1e-5 (repeatable)."),
     list_fields: bool = typer.Option(False, "--list-fields", help="List every config field with its doc and exit."),
@@ -150,6 +185,8 @@ def train_cmd(
 
     Example: icsd train --env webshop --preset cpu-demo --allocator icsd --out runs/demo
 
+    A run folder holds one run: a new run into a folder holding another is refused (--resume continues it, --overwrite moves it aside). SIGTERM or Ctrl-C stops at once without a half-written file (exit 143 / 130) and says how to continue.
+
     Search-QA over your own Search-R1 files: icsd train --env searchqa --preset paper --set searchqa_corpus=corpus.jsonl --set searchqa_data=train.parquet,test.parquet
 
     Example: icsd train --engine verl --preset paper --model /models/Qwen2.5-1.5B-Instruct --out runs/verl
@@ -159,8 +196,30 @@ def train_cmd(
     if list_fields:
         _print_fields()
         return
+    import contextlib
+
+    from icsd_audit.outputs import GracefulStop, Stopped
+
+    try:  # builtin: a signal before the run starts writes nothing and exits as one during it (143 / 130)
+        with GracefulStop() if engine == "builtin" else contextlib.nullcontext():
+            _train(preset, dict(env=env, env_url=env_url, model=model, out=out, steps=steps, adv=adv,
+                                allocator=allocator, trust=trust, distill_coef=distill_coef, seed=seed, device=device,
+                                eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
+                                sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
+                                weights_only=weights_only), resume=resume, resume_from=resume_from, overwrite=overwrite,
+                   set_=set_, plain=plain, engine=engine)
+    except Stopped as exc:
+        line = exc.line(_resume_command()) if hasattr(exc, "line") else (
+            f"stopped by {exc.signal_name} before the run started: nothing was written")
+        print(line, file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optional[Path], overwrite: bool,
+           set_: List[str], plain: bool, engine: str) -> None:
     from icsd_audit.integrations.engines import ENGINES
 
+    env, out, weights_only = o["env"], o["out"], o["weights_only"]
     if engine not in ENGINES:
         raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     if engine != "verl":  # verl brings its own environment
@@ -174,13 +233,21 @@ def train_cmd(
     from icsd_audit.train.loop import train
     from icsd_audit.train.metrics import PrintReporter
 
-    cfg = _build_config(preset, dict(env=env, env_url=env_url, model=model, out_dir=None if out is None else str(out),
-                                     total_steps=steps, adv_estimator=adv, allocator=allocator, trust=trust,
-                                     distill_coef=distill_coef, seed=seed, device=device, eval_every=eval_every,
-                                     dump_every=dump_every, sketch_k=sketch_k, sketch_layers=sketch_layers,
-                                     keep_checkpoints=keep_checkpoints,
+    cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=o["model"],
+                                     out_dir=None if out is None else str(out), total_steps=o["steps"],
+                                     adv_estimator=o["adv"], allocator=o["allocator"], trust=o["trust"],
+                                     distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
+                                     eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
+                                     sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
                                      checkpoint_optimizer=False if weights_only else None), set_)
-    cfg.validate()
+    from icsd_audit.outputs import check_not_input
+
+    if cfg.out_dir:
+        check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")
+    if engine == "builtin":  # before loading any data: a folder holding another run fails in a second
+        from icsd_audit.train.rundir import check_run_folder
+
+        check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     if engine != "verl":  # verl brings its own environment (docs/engines.md)
         _check_env_data(cfg)
     if engine != "builtin":
@@ -196,7 +263,8 @@ def train_cmd(
 
         hf_logging.disable_progress_bar()
     reporter = PrintReporter() if log_lines else _RichReporter()
-    res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter)
+    res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter,
+                overwrite=overwrite)
     con = stderr_console()
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")
@@ -236,8 +304,16 @@ def eval_cmd(
     from icsd_audit.train.rollout import PromptBuilder
 
     cfg = _build_config(preset, dict(model=model, env=env, env_url=env_url, eval_tasks=tasks, max_turns=max_turns,
-                                     eval_temperature=temperature, device=device, seed=seed), set_).validate()
+                                     eval_temperature=temperature, device=device, seed=seed), set_)
+    if out is not None:  # before the evaluation: a bad --out fails in seconds, not after it
+        from icsd_audit.outputs import check_not_input, check_output_file
+
+        check_not_input(out, cfg.input_paths(), option="--out")
+        check_output_file(out, [], option="--out")
     _check_env_data(cfg)
+    from icsd_audit.train.loop import check_services
+
+    check_services(cfg)
     set_threads(cfg.threads)
     dev = resolve_device(cfg.device)
     policy, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
@@ -256,6 +332,8 @@ def eval_cmd(
         stderr_console().print("  ".join(f"{c:>5}" for c in cols) + "\n"
                                + "  ".join(f"{100 * d['subsets'][c]:5.1f}" for c in cols), highlight=False)
     if out is not None:
+        from icsd_audit.outputs import write_text_atomic
+
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+        write_text_atomic(out, text + "\n")
     print(text)

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["OutputError", "check_output_file", "check_output_dir", "publish_directory", "temp_dir", "remove_stale",
-           "terminate_cleanly", "staging_dir"]
+           "terminate_cleanly", "staging_dir", "temp_prefix", "write_text_atomic", "check_not_input", "GracefulStop",
+           "Stopped"]
 
 
 class OutputError(ValueError):
@@ -71,7 +72,7 @@ def check_output_file(out: str | Path, inputs: Sequence[str | Path], *, option: 
     """Refuse an output file that is an input (same file, symlink, hard link) or cannot be written."""
     out = Path(out)
     if os.path.lexists(out):
-        for f in _input_files(inputs):
+        for f in _input_files(inputs) if inputs else ():
             if _same_file(out, f):
                 what = "is" if out.absolute() == f.absolute() else "resolves to"
                 raise OutputError(out, f"{option} {what} the input file {f}; an output never replaces an input")
@@ -91,7 +92,7 @@ def check_output_dir(out: str | Path, inputs: Sequence[str | Path], *, owned: Ca
     command writes (the swap removes every file of the old directory).
     """
     out = Path(out)
-    files = _input_files(inputs)
+    files = _input_files(inputs) if inputs else []
     if os.path.lexists(out):
         for f in files:
             if _same_file(out, f):
@@ -176,6 +177,27 @@ def _mkdtemp(target: Path, kind: str) -> Path:
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared report once swapped in
     return tmp
+
+
+def temp_prefix(target: str | Path, kind: str) -> str:
+    """The name prefix of a temporary for ``target`` (``.NAME.icsd-KIND-HOST-PID-``): give it a random tail."""
+    return _prefix(Path(target), kind)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """``path`` now holds ``text``, written to a temporary file and renamed: a crash keeps the old or the new."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path, "tmp"), dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is not what a plain new file gets
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
 
 
 def staging_dir(target: str | Path, kind: str) -> Path:
@@ -277,3 +299,105 @@ def publish_directory(out: str | Path, files: Mapping[str, bytes], *, owned: Cal
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)
     return {rel: out / rel for rel in files}
+
+
+# --------------------------------------------------------------------------- outputs apart from inputs
+
+
+def check_not_input(out: str | Path, inputs: Mapping[str, str | Path | None], *, option: str = "--out") -> Path:
+    """Refuse an output path that is, holds, or lies inside one of ``inputs`` (label -> path), before any work.
+
+    For commands whose inputs are folders or files other than dumps (a model folder, a
+    checkpoint, data files): ``icsd train --out M`` with ``--model M`` would overwrite
+    the model's ``config.json``, ``--out R`` holding ``--model R/checkpoints/step-2``
+    would prune it, and ``icsd eval --out M/config.json`` would replace a model file.
+    Paths are compared after resolving symbolic links; missing inputs are skipped.
+    """
+    out = Path(out)
+    real_out = Path(os.path.realpath(out.expanduser()))
+    for label, raw in inputs.items():
+        if raw is None or not os.path.lexists(Path(raw).expanduser()):
+            continue
+        real_in = Path(os.path.realpath(Path(raw).expanduser()))
+        if real_out == real_in or _same_file(out, real_in):
+            why = "is"
+        elif real_out in real_in.parents:
+            why = "holds"
+        elif real_in in real_out.parents:
+            why = "lies inside"
+        else:
+            continue
+        raise OutputError(out, f"{option} {why} the {label} {raw}; an output never replaces or enters an input: "
+                               f"choose another {option}")
+    return out
+
+
+# --------------------------------------------------------------------------- graceful stop
+
+
+class Stopped(BaseException):
+    """A run stopped by SIGTERM or SIGINT (:class:`GracefulStop`); exit with :attr:`exit_code` (143 / 130).
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except Exception`` on the
+    way up mistakes it for an error and carries on.
+    """
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        super().__init__(message or f"stopped by {self.signal_name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class GracefulStop:
+    """SIGTERM and SIGINT become :class:`Stopped`, held back while a file is being written.
+
+    ``with GracefulStop() as stop:`` installs the handlers (main thread only; elsewhere it
+    does nothing) and restores the previous ones on exit. A signal raises ``Stopped`` at
+    once, unless it arrives inside ``with stop.critical():`` (writing a shard, committing a
+    step, appending a metrics line, saving a checkpoint): then that block finishes and
+    ``Stopped`` is raised as it ends, so no file is left half-written and nothing further
+    is written. A second signal inside a critical block raises at once (the user
+    insists); the block's own clean-up and the next run remove its temporaries.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._depth = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        if self._depth == 0 or not first:
+            raise Stopped(self.signum if first else signum)
+
+    def check(self) -> None:
+        """Raise ``Stopped`` if a signal arrived (during a critical block that has ended)."""
+        if self.signum is not None and self._depth == 0:
+            raise Stopped(self.signum)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        """A block that a first signal lets finish; ``Stopped`` is raised when it ends."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        self.check()

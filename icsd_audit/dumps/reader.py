@@ -46,6 +46,10 @@ _SCHEMA_NAME = "icsd.token_dump"
 _MAJOR = 1
 #: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-HOST-PID-*``, and ``.icsd-coeffs-*`` of older versions)
 _SCRATCH = re.compile(r"\..*icsd-[a-z]+-.*")
+#: a step that a DumpWriter staged and has not committed (dumps/writer.py)
+_STAGED_STEP = re.compile(r"\.(?P<name>.+)\.icsd-step-.*")
+#: the rank in a DumpWriter shard name (``part-000003-r00001.parquet``)
+_RANK_TAG = re.compile(r".*-(?P<rank>r\d{5})\.parquet")
 #: optional float columns that become token columns whenever a file has them (SPEC 1)
 _OPTIONAL_FLOATS = ("score_norm",)
 _REQUIRED_BY = {"score_norm": "the 'fisher' allocator (SPEC 5: m = Phi_G(|A rho| score_norm))"}
@@ -128,6 +132,10 @@ def _walk(top: Path) -> list[Path]:
         raise _unreadable(Path(exc.filename or top), "directory") from None
 
     for d, dirs, files in os.walk(top, onerror=fail, followlinks=True):
+        for x in sorted(dirs):
+            if m := _STAGED_STEP.fullmatch(x):
+                warnings.warn(f"{Path(d) / x}: uncommitted {m.group('name')} (its writer stopped before committing it, "
+                              "or is writing it now): ignored", DumpWarning, stacklevel=3)
         dirs[:] = [x for x in dirs if not _SCRATCH.fullmatch(x)]
         here = os.path.realpath(d)
         for x in dirs:
@@ -280,21 +288,15 @@ class DumpReader:
 
     def __init__(self, paths: Sequence[str | Path], *, columns: Sequence[str] | None = (),
                  require: Sequence[str] = ()):
-        self.paths = resolve_paths(paths)
-        self._files = []
-        self._groups: list[_Group] = []
-        self._batches: "OrderedDict[int, list[int]]" = OrderedDict()
-        self._metas: list[dict | None] = []
-        total = 0
-        for fi, path in enumerate(self.paths):
+        opened = []
+        for path in resolve_paths(paths):
             try:
                 pf = pq.ParquetFile(path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
             _check_types(path, pf.schema_arrow, require)
-            self._metas.append(_parse_metadata(path, pf.schema_arrow.metadata))
-            self._files.append(pf)
-            offset = 0
+            meta = _parse_metadata(path, pf.schema_arrow.metadata)
+            groups, offset = [], 0
             for gi in range(pf.num_row_groups):
                 n = pf.metadata.row_group(gi).num_rows
                 if n == 0:
@@ -304,12 +306,23 @@ class DumpReader:
                     row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
                     raise DumpError(path, "null value", column="batch_id", row=offset + row)
                 ids = col.to_numpy()
+                # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
+                groups.append((gi, n, offset, np.unique(ids, return_counts=True)[0].tolist()))
+                offset += n
+            opened.append((path, pf, meta, groups))
+        opened = _drop_superseded(opened)
+        self.paths = [o[0] for o in opened]
+        self._files = [o[1] for o in opened]
+        self._metas: list[dict | None] = [o[2] for o in opened]
+        self._groups: list[_Group] = []
+        self._batches: "OrderedDict[int, list[int]]" = OrderedDict()
+        total = 0
+        for fi, (_, _, _, groups) in enumerate(opened):
+            for gi, n, offset, ids in groups:
                 group_no = len(self._groups)
                 self._groups.append(_Group(fi, gi, n, offset, total))
-                # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
-                for b in np.unique(ids, return_counts=True)[0].tolist():
+                for b in ids:
                     self._batches.setdefault(int(b), []).append(group_no)
-                offset += n
                 total += n
         if total == 0:
             raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
@@ -404,6 +417,44 @@ class DumpReader:
             )
             _check_duplicates(self.paths, batch)
             yield batch
+
+
+def _drop_superseded(opened: list) -> list:
+    """The files minus those whose every batch a later writer session wrote again in the same folder.
+
+    The rule for folders a run was resumed or restarted into (docs/dumps.md, "Re-written
+    batches"): a DumpWriter records a random ``session`` per instance (one launch) in
+    its shards. A batch id that a later session of the same folder and writer rank
+    (``-rNNNNN`` in the name) holds too is that batch written again: its latest write
+    counts, and a shard all of whose batches were written again is skipped whole (one
+    warning names the first and how many). "Later" is the reader's order (sorted paths),
+    chronological for DumpWriter's names. Shards of one session may split a batch; files
+    without a session (older versions, other writers) are never skipped.
+    """
+    winner: dict[tuple[Path, str | None], dict[int, tuple[str, Path]]] = {}
+    skipped: list[tuple[Path, Path, list[int]]] = []
+    keep = []
+    for path, pf, meta, groups in reversed(opened):
+        session = meta.get("session") if isinstance(meta, dict) else None
+        if not isinstance(session, str):
+            keep.append((path, pf, meta, groups))
+            continue
+        rank = m.group("rank") if (m := _RANK_TAG.fullmatch(path.name)) else None
+        won = winner.setdefault((path.parent, rank), {})
+        ids = sorted({b for g in groups for b in g[3]})
+        for b in ids:
+            won.setdefault(b, (session, path))
+        if ids and all(won[b][0] != session for b in ids):
+            skipped.append((path, won[ids[0]][1], ids))
+        else:
+            keep.append((path, pf, meta, groups))
+    if skipped:
+        path, by, ids = skipped[-1]  # the first in input order
+        shown = ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
+        more = f" ({len(skipped) - 1} more shard(s) likewise)" if len(skipped) > 1 else ""
+        warnings.warn(f"{path}: batch(es) {shown} written again later ({by}); this earlier shard is skipped, the "
+                      f"latest write of a batch counts (a resumed or restarted run){more}", DumpWarning, stacklevel=3)
+    return keep[::-1]
 
 
 def _read_group(pf: pq.ParquetFile, path: Path, index: int, columns: list[str] | None, file_offset: int) -> pa.Table:

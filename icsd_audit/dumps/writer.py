@@ -13,6 +13,14 @@ or, without one, its process id (``p12345``), and ``seq`` continuing after the l
 in the directory; so two ranks or two processes sharing a directory, or a writer
 restarted after a shard was deleted, never write over each other's batches, and the
 sorted order of names (the reader's order) stays chronological.
+
+Steps commit whole: ``with writer.step(k): ...`` (or ``s = writer.step(k)`` ...
+``s.commit()``) writes the step's shards into a hidden staging folder and publishes
+them together by renaming it to ``step{k:06d}/`` (``step{k:06d}-r{rank:05d}/`` with a
+rank), so a reader sees all of a step's shards or none. A step written again (a
+resumed run redoing it) replaces the earlier one. Temporaries name their host and
+process (``.NAME.icsd-KIND-HOST-PID-*``): a writer opening a folder removes those of
+processes that no longer run, and the reader skips them, warning about a staged step.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import errno
 import json
 import os
 import re
+import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,7 +42,7 @@ import pyarrow.parquet as pq
 from icsd_audit import __version__
 from icsd_audit.dumps.reader import METADATA_KEY
 
-__all__ = ["DumpWriter", "write_table_atomic", "dump_metadata", "dictionary_columns"]
+__all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
 _ARROW_TYPES = {
     "batch_id": pa.int64(), "traj_id": pa.int64(), "turn_id": pa.int32(), "pos": pa.int32(),
@@ -72,7 +82,9 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
         kv = dict(table.schema.metadata or {})
         kv[METADATA_KEY.encode()] = json.dumps(metadata, sort_keys=True).encode()
         table = table.replace_schema_metadata(kv)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    from icsd_audit.outputs import temp_prefix
+
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path, "shard"), dir=path.parent)
     os.close(fd)
     # mkstemp creates 0600; a published dump gets the mode any new file would get.
     umask = os.umask(0)
@@ -133,10 +145,16 @@ class DumpWriter:
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         self.out_dir = Path(out_dir)
         self.metadata = dump_metadata(producer=producer, synthetic=synthetic, allocator=allocator, **dict(metadata or {}))
+        # one id per writer (one launch): a later session's shard of a batch replaces an earlier one (reader.py)
+        self.metadata.setdefault("session", secrets.token_hex(8))
         self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
         self.rank = None if rank is None else int(rank)
         self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        from icsd_audit.outputs import remove_stale
+
+        remove_stale(self.out_dir)  # shards and staged steps of writers killed in this folder
+        self._stage: Path | None = None
         taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
         seqs = [int(m.group(1)) for q in self.out_dir.iterdir() if (m := taken.fullmatch(q.name))]
         self._seq = max(seqs) + 1 if seqs else 0
@@ -156,15 +174,27 @@ class DumpWriter:
         order = np.lexsort(tuple(arrays[k] for k in ("pos", "turn_id", "traj_id", "batch_id") if k in arrays))
         table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
         write = dict(metadata=self.metadata, row_group_size=self.row_group_size, exclusive=True)
+        folder = self._stage if self._stage is not None else self.out_dir
         if name is not None:
-            return write_table_atomic(table, self.out_dir / name, **write)
+            return write_table_atomic(table, folder / name, **write)
         while True:
-            path = self.out_dir / f"{self.prefix}-{self._seq:06d}-{self.tag}.parquet"
+            path = folder / f"{self.prefix}-{self._seq:06d}-{self.tag}.parquet"
             self._seq += 1
             try:
                 return write_table_atomic(table, path, **write)
             except FileExistsError:
                 continue  # another writer (same rank, reused pid) holds this name: take the next
+
+    def step(self, step: int) -> "StepCommit":
+        """Stage the shards of step ``step``; they appear together on :meth:`StepCommit.commit`.
+
+        Until then :meth:`write` puts shards into a hidden staging folder (the returned
+        paths point there). Used as a context manager, the step is committed when the
+        block ends normally and discarded when it raises.
+        """
+        if self._stage is not None:
+            raise RuntimeError("DumpWriter.step: the previous step is neither committed nor discarded")
+        return StepCommit(self, self.out_dir / step_folder_name(step, self.rank))
 
     def _flatten(self, cols: dict[str, Any], mask: np.ndarray | None) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -202,3 +232,62 @@ class DumpWriter:
         if a.dtype.kind == "f":
             return pa.array(a.astype(self.float_dtype))
         return pa.array(a)
+
+
+def step_folder_name(step: int, rank: int | None = None) -> str:
+    """Where a committed step's shards live: ``step000003`` (``step000003-r00001`` for rank 1)."""
+    if isinstance(step, bool) or int(step) != step or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return f"step{int(step):06d}" + ("" if rank is None else f"-r{int(rank):05d}")
+
+
+class StepCommit:
+    """One staged step of a :class:`DumpWriter` (see :meth:`DumpWriter.step`)."""
+
+    def __init__(self, writer: DumpWriter, target: Path):
+        from icsd_audit.outputs import staging_dir
+
+        self.writer, self.target = writer, target
+        self.staged = staging_dir(target, "step")
+        writer._stage = self.staged
+
+    def commit(self) -> Path | None:
+        """Publish the staged shards as ``target`` in one rename; None when the step wrote none.
+
+        A committed step of the same name (a resumed run redoing it) is replaced: swapped
+        out atomically where the file system allows, then removed.
+        """
+        from icsd_audit.outputs import _exchange, staging_dir
+
+        self.writer._stage = None
+        if not any(self.staged.iterdir()):
+            shutil.rmtree(self.staged, ignore_errors=True)
+            return None
+        if not os.path.lexists(self.target):
+            os.rename(self.staged, self.target)
+            return self.target
+        if not self.target.is_dir() or self.target.is_symlink():
+            raise FileExistsError(errno.EEXIST, "exists and is not a step folder this writer committed",
+                                  str(self.target))
+        if _exchange(self.staged, self.target):
+            shutil.rmtree(self.staged, ignore_errors=True)  # it now holds the replaced step
+        else:  # no atomic exchange here: the old step leaves first, for a moment neither is there
+            old = staging_dir(self.target, "old")
+            os.rename(self.target, old / "d")
+            os.rename(self.staged, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        return self.target
+
+    def discard(self) -> None:
+        """Drop the staged shards: nothing of this step is published."""
+        self.writer._stage = None
+        shutil.rmtree(self.staged, ignore_errors=True)
+
+    def __enter__(self) -> "StepCommit":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()

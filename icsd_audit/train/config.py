@@ -40,6 +40,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -304,21 +305,51 @@ class TrainConfig:
         return dataclasses.replace(self, **overrides)
 
     def save(self, path: str | Path) -> Path:
+        """Write the config as JSON through a temporary file and a rename (never half-written)."""
+        from icsd_audit.outputs import write_text_atomic
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    def input_paths(self) -> dict[str, str]:
+        """What the run reads from disk, by label (an output may neither be, hold nor lie inside one of them)."""
+        found: dict[str, str] = {}
+        if self.model.strip().lower() in ("embedded", "default", "smollm2", "smollm2-135m-instruct"):
+            from icsd_audit.train.models import model_cache_dir
+
+            found["embedded model's cache folder"] = str(model_cache_dir())
+        elif self.model != "tiny-random":
+            found["input model folder"] = self.model
+        if self.skillbank and Path(self.skillbank).expanduser().exists():
+            found["skillbank"] = self.skillbank
+        if self.searchqa_corpus:
+            found["searchqa_corpus file"] = self.searchqa_corpus
+        for i, f in enumerate(x.strip() for x in (self.searchqa_data or "").split(",") if x.strip()):
+            found[f"searchqa_data file {i + 1}"] = f
+        if self.alfworld_data:
+            found["alfworld_data folder"] = self.alfworld_data
+        return found
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "TrainConfig":
         """Raise :class:`ConfigError` listing every problem with its fix; return self when fine."""
         from icsd_audit.alloc.variants import allocator_names, trust_names
 
-        p: list[str] = []
+        p = self._type_problems()
+        if p:  # the checks below compare values; with a wrong type they would fail with a traceback instead
+            raise ConfigError(p)
 
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 p.append(msg)
+
+        for f in fields(self):
+            v = getattr(self, f.name)
+            need(not isinstance(v, float) or math.isfinite(v), f"{f.name}={v!r} must be a finite number")
+        for name in ("seed", "alloc_seed", "sketch_seed"):
+            v = getattr(self, name)
+            need(v >= 0, f"{name}={v!r} must be an integer >= 0")
 
         for name in ("total_steps", "max_turns", "n_tasks", "group_size", "max_prompt_tokens", "max_response_tokens",
                      "rollout_batch_rows", "ppo_epochs", "mini_batch_rows", "micro_batch_rows", "min_group"):
@@ -402,6 +433,20 @@ class TrainConfig:
             raise ConfigError(p)
         return self
 
+    def _type_problems(self) -> list[str]:
+        """Each field whose value does not have its declared type (int, float, bool, str, or None where allowed)."""
+        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+        p = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            parts = [t.strip() for t in str(f.type).split("|")]
+            if v is None and "None" in parts:
+                continue
+            allowed = tuple(c for t in parts for c in kinds.get(t, ()))
+            if allowed and (not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed)):
+                p.append(f"{f.name}={v!r} must be {' or '.join(parts)}, not {type(v).__name__}")
+        return p
+
     def _searchqa_problems(self) -> list[str]:
         p = []
         named = [k for k in ("searchqa_corpus", "searchqa_data", "retriever_url") if getattr(self, k)]
@@ -413,6 +458,9 @@ class TrainConfig:
         files += [f.strip() for f in (self.searchqa_data or "").split(",") if f.strip()]
         p.extend(f"Search-QA file {f} not found; check the path in searchqa_corpus / searchqa_data"
                  for f in files if not Path(f).expanduser().is_file())
+        if self.searchqa_corpus and self.retriever_url:
+            p.append(f"searchqa_corpus={self.searchqa_corpus!r} and retriever_url={self.retriever_url!r} contradict each "
+                     "other: the server would be searched and the corpus ignored; set only one")
         if self.searchqa_data and not (self.searchqa_corpus or self.retriever_url or self.env_url):
             p.append("searchqa_data is set but nothing to search: set searchqa_corpus=corpus.jsonl or "
                      "retriever_url=http://host:port")

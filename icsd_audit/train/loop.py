@@ -42,6 +42,7 @@ body only calls what was looked up.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -58,18 +59,22 @@ from icsd_audit.envs import TextEnv, make_env
 from icsd_audit.train.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
 from icsd_audit.train.actor import Actor, StepData, make_distillation
 from icsd_audit.train.advantages import get_estimator
-from icsd_audit.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from icsd_audit.outputs import GracefulStop, Stopped
+from icsd_audit.train.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint, set_rng_state
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.logprobs import score_rows, split_rows
 from icsd_audit.train.memory import OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
+from icsd_audit.train.resume import Plan, Progress, TrainingStopped, check_services, plan_run
+from icsd_audit.train.rundir import drop_steps_from, held_run, open_run_folder
 from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.skills import load_skillbank
 from icsd_audit.train.teacher import make_teacher, skill_retriever
 
-__all__ = ["train", "TrainResult", "load_policy", "seed_step", "draw_tasks", "resolve_precision", "EnvFactory"]
+__all__ = ["train", "TrainResult", "TrainingStopped", "load_policy", "seed_step", "draw_tasks", "resolve_precision",
+           "EnvFactory", "check_services"]
 
 #: ``env_factory(split)`` -> a fresh environment instance for that split.
 EnvFactory = Callable[[str], TextEnv]
@@ -143,21 +148,6 @@ def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
         return make_env(cfg.env, url=cfg.env_url, **kwargs)
 
     return factory
-
-
-def _resume_path(cfg: TrainConfig, resume: str | Path | bool | None) -> Path | None:
-    if resume in (None, False, ""):
-        return None
-    if resume is True or str(resume) in ("auto", "latest"):
-        found = latest_checkpoint(cfg.out_dir)
-        if found is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {Path(cfg.out_dir) / 'checkpoints'}; "
-                                    "train without --resume first, or pass a checkpoint folder")
-        return found
-    p = Path(resume)
-    if not p.is_dir():
-        raise FileNotFoundError(f"--resume {p}: no such checkpoint folder")
-    return p
 
 
 class _Phases:
@@ -240,24 +230,45 @@ def _rollout_old_logp(step: int, data: StepData) -> list[torch.Tensor]:
 
 
 def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter: Reporter | None = None,
-          env_factory: EnvFactory | None = None) -> TrainResult:
+          env_factory: EnvFactory | None = None, overwrite: bool = False) -> TrainResult:
     """Train ``cfg.total_steps`` steps (from the checkpoint given by ``resume``, if any).
 
-    ``resume``: ``True``/``"latest"`` for the newest checkpoint under ``cfg.out_dir``,
-    or a checkpoint folder. ``env_factory(split)`` replaces the built-in environment
-    (any :class:`~icsd_audit.envs.TextEnv`).
+    ``resume``: ``True``/``"latest"`` continues the run in ``cfg.out_dir`` from its newest
+    complete checkpoint (from step 0 when it has none; a new run when the folder is
+    empty), or a checkpoint folder. A folder that holds another run is refused unless
+    ``resume`` or ``overwrite`` (which moves the old run aside, :mod:`.rundir`). Every
+    check runs before the first byte is written. ``env_factory(split)`` replaces the
+    built-in environment (any :class:`~icsd_audit.envs.TextEnv`).
+
+    SIGTERM and SIGINT stop the run gracefully: the file being written is finished, the
+    step in progress is not committed (its staged dumps are dropped), and
+    :class:`TrainingStopped` (exit code 143 / 130) says which steps are complete and how to
+    continue.
     """
     cfg.validate()
     reporter = reporter or NullReporter()
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    plan = plan_run(cfg, resume=resume, overwrite=overwrite)
+    if env_factory is None:
+        check_services(cfg)
+    progress = Progress(done=plan.start)
+    with GracefulStop() as stop, contextlib.ExitStack() as hold:
+        try:
+            return _train(cfg, plan, reporter=reporter, env_factory=env_factory, overwrite=overwrite, stop=stop,
+                          hold=hold, progress=progress)
+        except Stopped as exc:
+            reporter.finish()
+            raise TrainingStopped(exc.signum, out=plan.out, started=progress.started, step=progress.step,
+                                  first=plan.start, done=progress.done,
+                                  checkpoint=latest_checkpoint(plan.out) if progress.started else None) from None
+
+
+def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: EnvFactory | None, overwrite: bool,
+           stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
+    out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
     set_threads(cfg.threads)
     map_large_allocations()  # no heap fragmentation under the activations (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
-    ckpt = _resume_path(cfg, resume)
-    state = load_trainer_state(ckpt) if ckpt is not None else None
-    start = int(state["next_step"]) if state else 0
 
     # ---- models: the policy, and the frozen initial policy for the KL
     initial, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
@@ -323,11 +334,23 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
                   recompute_activations=cfg.recompute_activations, spill=spill)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
-    writer = (_dump_writer(cfg, out, start, sketcher, env_data=getattr(envs[0], "data_info", None))
-              if (distill.enabled and cfg.dump_every) else None)
-    log = MetricsLog(out / "metrics.jsonl", start_step=start)
-    eval_log = MetricsLog(out / "eval.jsonl", start_step=start)
-    cfg.save(out / "config.json")
+
+    # ---- the first write: hold the run folder, then make it this run's
+    moved, removed = hold.enter_context(open_run_folder(out, resume=plan.resuming, overwrite=overwrite))
+    progress.started = True
+    if moved is not None:
+        reporter.message(f"--overwrite: the run that was in {out} is now in {moved}")
+    if removed:
+        reporter.message(f"removed {len(removed)} temporary file(s) a stopped run left in {out} ({removed[0].name}, ...)")
+    if plan.resuming and ckpt is None and held_run(out):
+        reporter.message(f"--resume: no complete checkpoint in {checkpoint_dir(out)}; starting again at step 0")
+    with stop.critical():
+        drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
+        writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None))
+                  if (distill.enabled and cfg.dump_every) else None)
+        log = MetricsLog(out / "metrics.jsonl", start_step=start)
+        eval_log = MetricsLog(out / "eval.jsonl", start_step=start)
+        cfg.save(out / "config.json")
     if state:
         set_rng_state(state["rng"])
     result = TrainResult(out_dir=out, start_step=start, next_step=start, metrics_path=log.path,
@@ -337,57 +360,75 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
         reporter.message(f"{ckpt} holds no optimizer state (checkpoint_optimizer=False): AdamW restarts from zero moments")
 
     for step in range(start, cfg.total_steps):
-        t_step = time.perf_counter()
-        phase = _Phases(reporter, step)
-        seed_step(cfg.seed, step)
-        tasks = draw_tasks(cfg.seed, step, num_tasks, cfg.n_tasks)
+        progress.step = step
+        staged = writer.step(step) if (writer is not None and step % cfg.dump_every == 0) else None
+        try:
+            t_step = time.perf_counter()
+            phase = _Phases(reporter, step)
+            seed_step(cfg.seed, step)
+            tasks = draw_tasks(cfg.seed, step, num_tasks, cfg.n_tasks)
 
-        with phase("rollout"):
-            batch = collect_rollouts(model=policy, tokenizer=tokenizer, builder=builder, envs=envs, tasks=tasks,
-                                     group_size=cfg.group_size, settings=settings, device=device)
-        with phase("advantages"):
-            adv = estimator(batch.turn_records(), **adv_options)
-        data = _step_data(batch, adv.advantages)
-        with phase("old_logp"):
-            data.old_logp = old_logp_pass(step, data)
-        with phase("teacher"):
-            data.teacher_logp = teacher.score(batch.rows)
-            data.teacher_prompts = teacher.last_prompts if cfg.teacher_rescore else None
-        with phase("reference"):
-            data.ref_logp = reference.score(data.prompts, data.responses, cfg.micro_batch_rows)
-        sink = None
-        if writer is not None and step % cfg.dump_every == 0:
-            sink = lambda name, cols: writer.write(name=name, **cols)  # noqa: E731
-        with phase("actor"):
-            actor_m, actor_t, pooled = actor.update(step, data, sink=sink, dump_columns={"env": cfg.env})
+            with phase("rollout"):
+                batch = collect_rollouts(model=policy, tokenizer=tokenizer, builder=builder, envs=envs, tasks=tasks,
+                                         group_size=cfg.group_size, settings=settings, device=device)
+            with phase("advantages"):
+                adv = estimator(batch.turn_records(), **adv_options)
+            data = _step_data(batch, adv.advantages)
+            with phase("old_logp"):
+                data.old_logp = old_logp_pass(step, data)
+            with phase("teacher"):
+                data.teacher_logp = teacher.score(batch.rows)
+                data.teacher_prompts = teacher.last_prompts if cfg.teacher_rescore else None
+            with phase("reference"):
+                data.ref_logp = reference.score(data.prompts, data.responses, cfg.micro_batch_rows)
+            sink = _critical_sink(writer, stop) if staged is not None else None
+            with phase("actor"):
+                actor_m, actor_t, pooled = actor.update(step, data, sink=sink, dump_columns={"env": cfg.env})
 
-        record = _record(step, batch, adv.metrics(), actor_m, actor_t, pooled, phase.t, teacher.last_stats,
-                         cfg.alloc_eps, time.perf_counter() - t_step)
-        last = step == cfg.total_steps - 1
-        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
-            t0 = time.perf_counter()
-            reporter.phase(step, "eval")
-            ev = evaluate(model=policy, tokenizer=tokenizer, builder=eval_builder, make_env=lambda: factory(cfg.eval_split),
-                          n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
-                          temperature=cfg.eval_temperature, require_think=cfg.require_think,
-                          batch_rows=cfg.rollout_batch_rows, device=device, seed=cfg.seed, split=cfg.eval_split,
-                          precision=precision, invalid_rule=cfg.invalid_rule).to_dict()
-            ev["step"] = step
-            eval_log.write(ev)
+            record = _record(step, batch, adv.metrics(), actor_m, actor_t, pooled, phase.t, teacher.last_stats,
+                             cfg.alloc_eps, time.perf_counter() - t_step)
+            last = step == cfg.total_steps - 1
+            ev = None
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
+                t0 = time.perf_counter()
+                reporter.phase(step, "eval")
+                ev = evaluate(model=policy, tokenizer=tokenizer, builder=eval_builder,
+                              make_env=lambda: factory(cfg.eval_split), n_tasks=cfg.eval_tasks,
+                              max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
+                              temperature=cfg.eval_temperature, require_think=cfg.require_think,
+                              batch_rows=cfg.rollout_batch_rows, device=device, seed=cfg.seed, split=cfg.eval_split,
+                              precision=precision, invalid_rule=cfg.invalid_rule).to_dict()
+                ev["step"] = step
+                record.update({f"eval/{k}": v for k, v in ev.items()
+                               if k not in ("step", "split", "subsets", "subset_tasks")})
+                record.update({f"eval/subsets/{g}": v for g, v in ev.get("subsets", {}).items()})
+                record["time/eval"] = time.perf_counter() - t0
+            checkpoint = bool((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or last)
+            if checkpoint:
+                reporter.phase(step, "checkpoint")
+            with stop.critical():  # the step is complete once all of this is written; a signal waits for it
+                if staged is not None:
+                    staged.commit()
+                log.write(record)
+                if ev is not None:
+                    eval_log.write(ev)
+                if checkpoint:
+                    with spill.resident():
+                        result.checkpoint = save_checkpoint(out, next_step=step + 1, model=policy,
+                                                            tokenizer=tokenizer, optimizer=optimizer,
+                                                            config=cfg.to_dict(), keep=cfg.keep_checkpoints,
+                                                            with_optimizer=cfg.checkpoint_optimizer)
+                progress.done = step + 1
+        except BaseException:
+            if staged is not None:
+                staged.discard()  # nothing of an unfinished step is published
+            raise
+        if ev is not None:
             result.evals.append(ev)
-            record.update({f"eval/{k}": v for k, v in ev.items() if k not in ("step", "split", "subsets", "subset_tasks")})
-            record.update({f"eval/subsets/{g}": v for g, v in ev.get("subsets", {}).items()})
-            record["time/eval"] = time.perf_counter() - t0
-        log.write(record)
         result.records.append(record)
         result.next_step = step + 1
         reporter.step_done(step, record)
-        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) or last:
-            reporter.phase(step, "checkpoint")
-            with spill.resident():
-                result.checkpoint = save_checkpoint(out, next_step=step + 1, model=policy, tokenizer=tokenizer,
-                                                    optimizer=optimizer, config=cfg.to_dict(),
-                                                    keep=cfg.keep_checkpoints, with_optimizer=cfg.checkpoint_optimizer)
+    progress.step = None
     spill.close()
     reporter.finish()
     return result
@@ -398,15 +439,21 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
 # --------------------------------------------------------------------------------------
 
 
-def _dump_writer(cfg: TrainConfig, out: Path, start: int, sketcher: Any = None,
-                 env_data: dict[str, Any] | None = None) -> Any:
+def _critical_sink(writer: Any, stop: GracefulStop) -> Callable[[str, dict[str, Any]], None]:
+    """The actor's dump sink: each shard is written whole even when a signal arrives meanwhile."""
+
+    def sink(name: str, cols: dict[str, Any]) -> None:
+        with stop.critical():
+            writer.write(name=name, **cols)
+
+    return sink
+
+
+def _dump_writer(cfg: TrainConfig, out: Path, sketcher: Any = None, env_data: dict[str, Any] | None = None) -> Any:
     from icsd_audit import __version__
     from icsd_audit.dumps.writer import DumpWriter
 
     d = out / "dumps"
-    for stale in d.glob("step*.parquet") if d.is_dir() else ():
-        if stale.name[4:10].isdigit() and int(stale.name[4:10]) >= start:
-            stale.unlink()  # a crashed run's shards of steps about to be redone
     producer = {"name": "icsd.train", "icsd_version": __version__, "model": cfg.model, "env": cfg.env,
                 "adv_estimator": cfg.adv_estimator, "seed": cfg.seed, "out_dir": str(out)}
     meta: dict[str, Any] = {"train_config": json.loads(json.dumps(cfg.to_dict()))}

@@ -44,6 +44,8 @@ class MetricsLog:
     """Append-only JSONL, one record per step, flushed at once."""
 
     def __init__(self, path: str | Path, *, start_step: int = 0):
+        from icsd_audit.outputs import write_text_atomic
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
@@ -55,7 +57,7 @@ class MetricsLog:
                     continue  # a torn last line from a crash
                 if int(rec.get("step", -1)) < start_step:
                     kept.append(line)
-            self.path.write_text("".join(k + "\n" for k in kept))
+            write_text_atomic(self.path, "".join(k + "\n" for k in kept))
 
     def write(self, record: Mapping[str, Any]) -> None:
         with self.path.open("a") as fh:

@@ -108,7 +108,7 @@ def test_cli_train_writes_alfworld_dumps_that_audit_coeffs_recomputes(tmp_path):
     res = runner.invoke(app, ["train", "--env", "alfworld", "--model", "tiny-random", "--steps", "1", "--out", str(run),
                               "--plain", *SMALL])
     assert res.exit_code == 0, res.output
-    shards = sorted((run / "dumps").glob("*.parquet"))
+    shards = sorted((run / "dumps" / "step000000").glob("*.parquet"))
     assert len(shards) == 2  # cpu-demo: 2 tasks x 2 rollouts x 2 turns = 8 rows, 4-row mini-batches
     meta = json.loads(pq.ParquetFile(shards[0]).schema_arrow.metadata[b"icsd.dump"])
     assert meta["producer"]["env"] == "alfworld" and meta["train_config"]["env"] == "alfworld"

@@ -69,8 +69,9 @@ def test_memory_savers_leave_metrics_and_dumps_unchanged(tmp_path: Path, bank: s
                           recompute_activations=True, resident_reference=False, spill_optimizer_state=True,
                           checkpoint_every=1), env_factory=varied_factory())
     assert _non_time(plain.metrics_path) == _non_time(lean.metrics_path)
-    shards = sorted(p.name for p in plain.dumps_dir.glob("*.parquet"))
-    assert shards == sorted(p.name for p in lean.dumps_dir.glob("*.parquet")) and len(shards) >= 2
+    shards = sorted(str(p.relative_to(plain.dumps_dir)) for p in plain.dumps_dir.rglob("*.parquet"))
+    assert shards == sorted(str(p.relative_to(lean.dumps_dir)) for p in lean.dumps_dir.rglob("*.parquet"))
+    assert len(shards) >= 2
     for name in shards:
         a, b = pq.read_table(plain.dumps_dir / name), pq.read_table(lean.dumps_dir / name)
         assert a.column_names == b.column_names and any(c.startswith("sketch.") for c in a.column_names)
