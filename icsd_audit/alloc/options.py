@@ -13,7 +13,8 @@ from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA, Allocation, allocate, get_allocator
+from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, Allocation, allocate,
+                                       get_allocator)
 from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "weighted_batches", "required_columns"]
@@ -23,18 +24,20 @@ B = TypeVar("B")
 
 @dataclass(frozen=True)
 class AllocatorOptions:
-    """The allocator settings an audit applies (SPEC defaults)."""
+    """The allocator settings an audit applies (SPEC defaults; the keys of SPEC 9's ``allocator`` block)."""
 
     allocator: str = "icsd"
     trust: str = "laplace"
     trust_beta: float = SIGMOID_BETA
+    trust_eta: float = TRUST_ETA
+    influence_eta: float = INFLUENCE_ETA
     min_group: int = MIN_GROUP
     eps: float = EPS
     seed: int = 0
 
     def kwargs(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta,
-                    min_group=self.min_group, eps=self.eps, seed=self.seed)
+        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, trust_eta=self.trust_eta,
+                    influence_eta=self.influence_eta, min_group=self.min_group, eps=self.eps, seed=self.seed)
 
 
 def required_columns(*allocators: str) -> tuple[str, ...]:

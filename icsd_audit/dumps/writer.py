@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from icsd_audit import __version__
+from icsd_audit.dumps.provenance import allocator_block, json_safe, producer_block
 from icsd_audit.dumps.reader import METADATA_KEY
 
 __all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
@@ -50,12 +50,18 @@ _ARROW_TYPES = {
 }
 
 
-def dump_metadata(*, producer: Mapping[str, Any] | str, synthetic: bool, allocator: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    """The JSON blob stored under ``icsd.dump`` in every shard's key-value metadata."""
-    prod = {"name": producer} if isinstance(producer, str) else dict(producer)
-    prod.setdefault("icsd_version", __version__)
+def dump_metadata(*, producer: Mapping[str, Any] | str, synthetic: bool, allocator: Mapping[str, Any] | Any = None,
+                  **extra: Any) -> dict[str, Any]:
+    """The JSON blob stored under ``icsd.dump`` in every shard's key-value metadata.
+
+    ``producer`` and ``allocator`` become SPEC 9's complete blocks
+    (:func:`~icsd_audit.dumps.provenance.producer_block`,
+    :func:`~icsd_audit.dumps.provenance.allocator_block`: every key present, ``None``
+    where unknown); ``extra`` keys follow, with non-finite numbers written as ``None``.
+    """
+    prod = producer_block(producer)
     return {"schema": "icsd.token_dump", "version": 1, "producer": prod, "synthetic": bool(synthetic),
-            "allocator": dict(allocator or {}), **extra}
+            "allocator": allocator_block(allocator), **json_safe(extra)}
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -80,7 +86,7 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
         raise FileExistsError(errno.EEXIST, "shard exists; a dump writer never replaces a file", str(path))
     if metadata is not None:
         kv = dict(table.schema.metadata or {})
-        kv[METADATA_KEY.encode()] = json.dumps(metadata, sort_keys=True).encode()
+        kv[METADATA_KEY.encode()] = json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
         table = table.replace_schema_metadata(kv)
     from icsd_audit.outputs import temp_prefix
 
@@ -135,16 +141,29 @@ class DumpWriter:
     2-D per-token arrays (e.g. gradient sketches) become fixed-size float32 lists.
     ``rank``: the data-parallel rank of a distributed trainer, part of every shard
     name (default: the process id), so writers sharing ``out_dir`` never collide.
+
+    Provenance (SPEC 9): ``allocation`` holds the deployed allocator settings (a
+    mapping or a dataclass such as :class:`~icsd_audit.alloc.options.AllocatorOptions`;
+    ``allocator`` is the same argument under its older name), written as the complete
+    ``allocator`` block of every shard, ``None`` for what it does not say; ``producer``
+    (a name or a mapping with ``engine``, ``engine_version`` and free keys) becomes the
+    ``producer`` block, with ``rank`` and ``world_size``.  ``write(allocation=...)``
+    replaces the block for one shard, for a producer whose settings change per call.
     """
 
     def __init__(self, out_dir: str | Path, *, producer: Mapping[str, Any] | str, synthetic: bool = False,
-                 allocator: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
-                 prefix: str = "part", row_group_size: int = 1 << 17, float_dtype: Any = np.float32,
-                 rank: int | None = None):
+                 allocation: Mapping[str, Any] | Any = None, allocator: Mapping[str, Any] | Any = None,
+                 metadata: Mapping[str, Any] | None = None, prefix: str = "part", row_group_size: int = 1 << 17,
+                 float_dtype: Any = np.float32, rank: int | None = None, world_size: int | None = None):
         if rank is not None and (isinstance(rank, bool) or int(rank) != rank or rank < 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        if allocation is not None and allocator is not None:
+            raise ValueError("give the deployed settings once: allocation= (allocator= is its older name)")
         self.out_dir = Path(out_dir)
-        self.metadata = dump_metadata(producer=producer, synthetic=synthetic, allocator=allocator, **dict(metadata or {}))
+        prod = producer_block(producer, rank=None if rank is None else int(rank), world_size=world_size)
+        self.metadata = dump_metadata(producer=prod, synthetic=synthetic,
+                                      allocator=allocation if allocation is not None else allocator,
+                                      **dict(metadata or {}))
         # one id per writer (one launch): a later session's shard of a batch replaces an earlier one (reader.py)
         self.metadata.setdefault("session", secrets.token_hex(8))
         self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
@@ -160,20 +179,23 @@ class DumpWriter:
         self._seq = max(seqs) + 1 if seqs else 0
 
     def write(self, *, batch_id: Any, traj_id: Any, turn_id: Any, advantage: Any, ratio: Any, delta: Any,
-              mask: Any = None, name: str | None = None, **columns: Any) -> Path:
+              mask: Any = None, name: str | None = None, allocation: Mapping[str, Any] | Any = None,
+              **columns: Any) -> Path:
         """Write one shard and return its path (never replacing an existing file).
 
         An explicit ``name`` that exists raises :class:`FileExistsError`.  With ``mask`` (shape ``(B, T)``), every 2-D input is read at the masked
         positions, 1-D inputs of length ``B`` are per-row values, and ``pos``
         defaults to the token's index among its row's masked positions.  Without
         it, every input is flat of the same length (scalars broadcast).
+        ``allocation``: this shard's deployed settings, in place of the writer's.
         """
+        meta = self.metadata if allocation is None else {**self.metadata, "allocator": allocator_block(allocation)}
         cols: dict[str, Any] = dict(batch_id=batch_id, traj_id=traj_id, turn_id=turn_id, advantage=advantage,
                                     ratio=ratio, delta=delta, **columns)
         arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))
         order = np.lexsort(tuple(arrays[k] for k in ("pos", "turn_id", "traj_id", "batch_id") if k in arrays))
         table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
-        write = dict(metadata=self.metadata, row_group_size=self.row_group_size, exclusive=True)
+        write = dict(metadata=meta, row_group_size=self.row_group_size, exclusive=True)
         folder = self._stage if self._stage is not None else self.out_dir
         if name is not None:
             return write_table_atomic(table, folder / name, **write)

@@ -259,6 +259,8 @@ class AllocationSettings:
     allocator: str = "icsd"
     #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
     trust: str = "laplace"
+    #: slope of the ``sigmoid`` trust (SDAR's ``gate_beta``).
+    trust_beta: float = 5.0
     #: minimum calibration-group size before falling back to batch statistics.
     min_group: int = 8
     #: scale floor, degenerate-turn threshold and TCM's |u| threshold.
@@ -268,7 +270,20 @@ class AllocationSettings:
 
     def allocator_kwargs(self) -> dict[str, Any]:
         """The keywords of :func:`~icsd_audit.alloc.variants.allocate` these settings fix."""
-        return dict(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps, seed=self.seed)
+        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, min_group=self.min_group,
+                    eps=self.eps, seed=self.seed)
+
+    def allocator_block(self, *, alloc_scope: str | None, ratio_source: str | None) -> dict[str, Any]:
+        """The SPEC 9 ``allocator`` block an engine writes into each dump shard with these settings.
+
+        ``alloc_scope`` (``mini-batch``, ``micro-batch``, ``global``) and ``ratio_source``
+        (``prepass``, ``own-forward``, ``fixed-1`` or a sentence) are the engine's; the
+        settings :meth:`allocator_kwargs` leaves to ``allocate`` are its defaults.
+        """
+        from icsd_audit.dumps.provenance import deployed_block
+
+        return deployed_block(self.allocator_kwargs(), alloc_scope=alloc_scope, ratio_source=ratio_source,
+                              **{"lambda": self.distill_coef})
 
 
 def tcm_sums(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> tuple[float, float]:
@@ -372,6 +387,8 @@ def dump_writer(out_dir: str | Path, *, rank: int = 0, producer: Mapping[str, An
 
     Shards are named ``part-NNNNNN-r{rank:05d}.parquet`` by :class:`DumpWriter` (which never
     replaces an existing file) and the rank is stored in the shard metadata too.
+    ``kwargs`` pass on (``allocation=`` the SPEC 9 block of :meth:`AllocationSettings.allocator_block`,
+    ``world_size=``, ...).
     """
     from icsd_audit.dumps.writer import DumpWriter
 
@@ -379,7 +396,11 @@ def dump_writer(out_dir: str | Path, *, rank: int = 0, producer: Mapping[str, An
     return DumpWriter(out_dir, producer=producer, rank=int(rank), metadata=meta, **kwargs)
 
 
-def write_dump(writer: Any, alloc: PaddedAllocation, **kwargs: Any) -> Path:
-    """``dump_rows`` then one ``writer.write`` call (one shard per mini-batch)."""
+def write_dump(writer: Any, alloc: PaddedAllocation, *, allocation: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> Path:
+    """``dump_rows`` then one ``writer.write`` call (one shard per mini-batch).
+
+    ``allocation``: this shard's SPEC 9 ``allocator`` block, when the writer was made without it.
+    """
     cols = dump_rows(alloc, **kwargs)
-    return writer.write(**cols)
+    return writer.write(**cols) if allocation is None else writer.write(allocation=allocation, **cols)

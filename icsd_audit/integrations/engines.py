@@ -208,8 +208,10 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
                   train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout)
     if cfg.distill_enabled:
         icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
-                          min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed, dump_dir=str(out / "dumps"))
-        trainer: Any = ICSDGRPOTrainer(**common, icsd=icsd)
+                          trust_beta=cfg.trust_beta, min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed,
+                          dump_dir=str(out / "dumps"))
+        trainer: Any = ICSDGRPOTrainer(**common, icsd=icsd, producer={"model": cfg.model, "env": cfg.env,
+                                                                      "adv_estimator": "grpo", "seed": cfg.seed})
     else:  # allocator 'none': plain GRPO, no teacher and no dumps, as on the built-in loop
         trainer = GRPOTrainer(**common)
     trainer.train()

@@ -35,9 +35,11 @@ from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padd
                                           stable_traj_id, write_dump)
 from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
-__all__ = ["C_KEY", "TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
+__all__ = ["C_KEY", "SDAR_TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
 
-TEACHER_KEY = "teacher_log_probs"  # SDAR's key in verl-agent forks
+#: the key SDAR's verl-agent forks store the privileged teacher's log-probs under (their own name, read as is; verl
+#: v1 runs use :data:`~icsd_audit.integrations.core.TEACHER_KEY`)
+SDAR_TEACHER_KEY = "teacher_log_probs"
 
 
 def compute_icsd_loss(student_log_probs: Tensor, teacher_log_probs: Tensor, c: Tensor, response_mask: Tensor,
@@ -63,12 +65,26 @@ def compute_icsd_loss(student_log_probs: Tensor, teacher_log_probs: Tensor, c: T
 
 
 def dump_writer(out_dir: str | Path, *, rank: int = 0, **kwargs: Any) -> Any:
-    """:func:`icsd_audit.integrations.core.dump_writer` with a verl-agent producer tag."""
-    kwargs.setdefault("producer", {"name": "icsd.verl-agent", "engine": "verl-agent"})
+    """:func:`icsd_audit.integrations.core.dump_writer` with a verl-agent producer tag.
+
+    :func:`allocate_dataproto` writes the deployed settings into every shard it writes
+    (SPEC 9 ``allocator`` block) and the data-parallel size it was given as ``world_size``.
+    """
+    kwargs.setdefault("producer", {"name": "icsd.verl-agent", "engine": "verl-agent", "engine_version": _verl_version()})
     return core_dump_writer(out_dir, rank=rank, **kwargs)
 
 
-def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, teacher_key: str = TEACHER_KEY,
+def _verl_version() -> str | None:
+    """The installed verl's version (the forks vendor or install it), ``None`` without one."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl")
+    except PackageNotFoundError:
+        return None
+
+
+def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, teacher_key: str = SDAR_TEACHER_KEY,
                        student_key: str = "old_log_probs", step: int = 0, writer: Any = None,
                        **allocator: Any) -> list[PaddedAllocation]:
     """Allocate a verl-agent ``DataProto`` in place (``batch.batch[C_KEY]``), one allocation per mini-batch.
@@ -104,6 +120,14 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
         mb = mini_batch_ids(B, mini_batch_rows=size, dp_size=dp_size)
     c = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out = []
+    provenance = None
+    if writer is not None:  # before any shard: settings allocate() would refuse fail here, not mid-batch
+        from icsd_audit.dumps.provenance import deployed_block
+
+        provenance = deployed_block({k: v for k, v in allocator.items() if k != "dedupe"}, alloc_scope="mini-batch",
+                                    ratio_source="fixed-1")
+        if writer.metadata["producer"].get("world_size") is None:
+            writer.metadata["producer"]["world_size"] = int(dp_size)
     for k in np.unique(mb):
         sl = torch.as_tensor(np.flatnonzero(mb == k), device=mask.device)
         bid = int(step) * 1000 + int(k)
@@ -112,7 +136,7 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
         c[sl] = a.c.to(c.device, torch.float32)
         out.append(a)
         if writer is not None:
-            write_dump(writer, a, batch_id=bid, traj_id=traj[sl], advantage=adv[sl], ratio=1.0, delta=delta[sl],
+            write_dump(writer, a, allocation=provenance, batch_id=bid, traj_id=traj[sl], advantage=adv[sl], ratio=1.0, delta=delta[sl],
                        response_mask=mask[sl], extra={"logp": td[student_key][sl], "teacher_logp": td[teacher_key][sl],
                                                       "step": torch.full((sl.numel(),), int(step))})
     td[C_KEY] = c

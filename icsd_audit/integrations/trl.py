@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -105,14 +105,16 @@ def _traj_base(step: int) -> int:
 class ICSDGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` + privileged self-teacher + ICSD allocation + auxiliary loss + dumps.
 
-    Extra arguments: ``icsd`` (:class:`ICSDConfig`) and ``teacher_prompt``, a function of a
+    Extra arguments: ``icsd`` (:class:`ICSDConfig`), ``teacher_prompt``, a function of a
     dataset example returning the privileged prompt in the example's prompt format
     (default: the example's ``teacher_prompt`` column; unused for rows whose rollout
-    supplied ``teacher_prompt_ids``).  Everything else is TRL's.
+    supplied ``teacher_prompt_ids``), and ``producer``, free keys (env, model, seed, ...)
+    for the dumps' SPEC 9 ``producer`` block.  Everything else is TRL's.
     """
 
     def __init__(self, *args: Any, icsd: ICSDConfig | None = None,
-                 teacher_prompt: Callable[[dict], Any] | None = None, **kwargs: Any):
+                 teacher_prompt: Callable[[dict], Any] | None = None, producer: dict[str, Any] | None = None,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.icsd = icsd or ICSDConfig()
         self.teacher_prompt = teacher_prompt or (lambda ex: ex["teacher_prompt"])
@@ -127,9 +129,14 @@ class ICSDGRPOTrainer(GRPOTrainer):
                           f"{self.args.gradient_accumulation_steps} or num_iterations={self.num_iterations} != 1 the "
                           "later optimizer steps use that allocation (docs/engines.md)", stacklevel=2)
         if self.icsd.dump_dir is not None and self.accelerator.is_main_process:
+            # one allocation per generation batch: one actor mini-batch with TRL's defaults, else several
+            one_step = self.args.steps_per_generation == self.args.gradient_accumulation_steps and self.num_iterations == 1
             self._writer = dump_writer(self.icsd.dump_dir, rank=self.accelerator.process_index,
-                                       producer={"name": "icsd.trl", "engine": "trl"},
-                                       allocator=asdict(self.icsd) | {"dump_dir": None})
+                                       world_size=self.accelerator.num_processes,
+                                       producer={"name": "icsd.trl", "engine": "trl", "engine_version": trl.__version__,
+                                                 **(producer or {})},
+                                       allocation=self.icsd.allocator_block(
+                                           alloc_scope="mini-batch" if one_step else "global", ratio_source="fixed-1"))
 
     # ------------------------------------------------------------------ teacher pass + allocation
     def _score(self, prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,

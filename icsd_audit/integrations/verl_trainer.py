@@ -205,10 +205,15 @@ def register() -> type:
             self._icsd_bank = load_skillbank(self.icsd.skillbank)
             self._icsd_writer = None
             if self.icsd.dump_dir:
-                from dataclasses import asdict
+                import verl
 
-                self._icsd_writer = dump_writer(self.icsd.dump_dir, rank=0, producer={"name": "icsd.verl", "engine": "verl"},
-                                                allocator=asdict(self.icsd))
+                # the driver allocates and writes every rank's rows: writer rank 0, world size = the actor's dp size
+                sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+                self._icsd_writer = dump_writer(self.icsd.dump_dir, rank=0, world_size=self.actor_rollout_wg.world_size // sp,
+                                                producer={"name": "icsd.verl", "engine": "verl",
+                                                          "engine_version": verl.__version__, "trainer": "icsd_sync"},
+                                                allocation=self.icsd.allocator_block(alloc_scope="mini-batch",
+                                                                                     ratio_source="fixed-1"))
 
         def _gigpo_advantage(self, batch: Any, metrics: dict) -> Any:
             """verl 0.9.1's ``_compute_advantage`` (KL in reward, rollout correction, nested write-back, with

@@ -273,10 +273,10 @@ class TrainConfig:
             "lambda": self.effective_distill_coef,
             "compute_dtype": "float64 from float32-rounded inputs",
             "alloc_scope": self.alloc_scope,
-            "ratio_source": ("the gradient micro-batch's own forward" if self.alloc_scope == "micro-batch" else
-                             "no-grad pass over the mini-batch's micro-batches"
-                             + ("; 1 exactly on a step's first mini-batch" if self.skip_first_prepass
-                                and self.allocator != "fisher" else "")),
+            # SPEC 9's names: own-forward (micro-batch scope) or prepass (a no-grad pass over the mini-batch)
+            "ratio_source": ("own-forward" if self.alloc_scope == "micro-batch" else
+                             "prepass" + ("; fixed-1 on a step's first mini-batch" if self.skip_first_prepass
+                                          and self.allocator != "fisher" else "")),
             "teacher_logp": ("re-scored with the current weights per mini-batch" if self.teacher_rescore
                              else "scored once per step with the rollout weights (SDAR)"),
         }

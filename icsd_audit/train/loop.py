@@ -454,14 +454,15 @@ def _dump_writer(cfg: TrainConfig, out: Path, sketcher: Any = None, env_data: di
     from icsd_audit.dumps.writer import DumpWriter
 
     d = out / "dumps"
-    producer = {"name": "icsd.train", "icsd_version": __version__, "model": cfg.model, "env": cfg.env,
-                "adv_estimator": cfg.adv_estimator, "seed": cfg.seed, "out_dir": str(out)}
+    producer = {"name": "icsd.train", "engine": "builtin", "engine_version": __version__, "rank": 0, "world_size": 1,
+                "model": cfg.model, "env": cfg.env, "adv_estimator": cfg.adv_estimator, "seed": cfg.seed,
+                "out_dir": str(out)}
     meta: dict[str, Any] = {"train_config": json.loads(json.dumps(cfg.to_dict()))}
     if sketcher is not None:
         meta["sketch"] = dump_sketch_metadata(sketcher)
     if env_data:  # where the environment's tasks come from (e.g. Search-QA's KB, labelled synthetic)
         meta["env_data"] = json.loads(json.dumps(env_data))
-    return DumpWriter(d, producer=producer, synthetic=False, allocator=cfg.allocator_settings(), metadata=meta)
+    return DumpWriter(d, producer=producer, synthetic=False, allocation=cfg.allocator_settings(), metadata=meta)
 
 
 def _step_data(batch: RolloutBatch, advantages: torch.Tensor) -> StepData:

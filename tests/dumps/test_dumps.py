@@ -44,7 +44,11 @@ def test_writer_padded_input_matches_flat(tmp_path: Path) -> None:
     assert t.column("pos").to_pylist() == [0, 1, 0, 1, 2]
     assert t.column("advantage").to_pylist() == [-2, -2, 1, 1, 1]
     meta = read_metadata(path)
-    assert meta["version"] == 1 and meta["allocator"] == {"allocator": "icsd"} and meta["synthetic"] is False
+    assert meta["version"] == 1 and meta["synthetic"] is False
+    # SPEC 9: every allocator key present, null where the writer was not told
+    assert meta["allocator"] == {"allocator": "icsd", "trust": None, "trust_beta": None, "trust_eta": None,
+                                 "influence_eta": None, "eps": None, "min_group": None, "alloc_scope": None,
+                                 "ratio_source": None, "seed": None}
 
 
 def test_reader_streams_each_batch_whole(tmp_path: Path) -> None:

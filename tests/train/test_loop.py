@@ -133,6 +133,14 @@ def test_one_step_on_builtin_webshop(tmp_path, bank):
     meta = reader.metadata()[0]
     assert meta["synthetic"] is False and meta["allocator"]["allocator"] == "icsd"
     assert meta["allocator"]["lambda"] == 0.01
+    # SPEC 9: the complete deployed settings and the producer block
+    assert {k: meta["allocator"][k] for k in ("trust", "trust_beta", "trust_eta", "influence_eta", "eps", "min_group",
+                                              "alloc_scope", "ratio_source", "seed")} == {
+        "trust": "laplace", "trust_beta": 5.0, "trust_eta": 0.4, "influence_eta": 0.5, "eps": 1e-4, "min_group": 4,
+        "alloc_scope": "mini-batch", "ratio_source": "prepass; fixed-1 on a step's first mini-batch", "seed": 0}
+    p = meta["producer"]
+    assert (p["name"], p["engine"], p["rank"], p["world_size"], p["env"]) == ("icsd.train", "builtin", 0, 1, "webshop")
+    assert p["engine_version"] == p["icsd_version"]
     total = sum(b.n_rows for b in reader)
     assert total == r["actor/tokens"]
     assert res.checkpoint is not None and (res.checkpoint / "trainer_state.json").is_file()
