@@ -13,7 +13,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, bootstrap_ratio_columns, exact_zero_result
+from icsd_audit.stats.bootstrap import (
+    BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families, exact_zero_result,
+)
 from icsd_audit.stats.results import (
     CLIP_EPS, DUAL_CLIP, EPS, MASS_RTOL, N_SHIFT_BINS, REGIONS, STATISTICS, AuditResults, ClipResult, ClipSet,
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
@@ -142,7 +144,7 @@ class AuditAccumulator:
         first = cidx.first
         self._batch.append(batch[first].astype(np.int64))
         self._group.append(gcode[first])
-        self._ntok.append(cidx.count().astype(np.int64))
+        self._ntok.append(cidx.count().astype(np.int32))
 
         wb64 = wb.astype(np.float64)
         wc64 = wc.astype(np.float64)
@@ -160,7 +162,7 @@ class AuditAccumulator:
             put("tcm_den_b", act, wb64)
             put("tcm_num_c", neg, wc64)
             put("tcm_den_c", act, wc64)
-            cols["tcm_active_n"] = cidx.sum(act)
+            cols["tcm_active_n"] = _count(cidx, act)
         if "quadrants" in self.statistics or "clip" in self.statistics:
             put("total_b", None, wb64)
             put("total_c", None, wc64)
@@ -177,7 +179,7 @@ class AuditAccumulator:
             for r, mk in masks.items():
                 put(f"q_{r}_b", mk, wb64)
                 put(f"q_{r}_c", mk, wc64)
-                cols[f"q_{r}_n"] = cidx.sum(mk)
+                cols[f"q_{r}_n"] = _count(cidx, mk)
         if "clip" in self.statistics:
             # the clip rule in the inputs' own dtype (a float32 ratio of 1.2 is not > 1.2)
             lo, hi, cap = 1 - self.clip_eps, 1 + self.clip_eps, self.dual_clip
@@ -186,10 +188,10 @@ class AuditAccumulator:
             capm = aneg & (ratio_a > cap)
             flat = (apos & (ratio_a > hi)) | (aneg & (ratio_a < lo)) | capm
             absd = np.abs(delta_a.astype(np.float64))
-            cols["n"] = cidx.count().astype(np.float64)
-            cols["clip_out_n"] = cidx.sum(outside)
-            cols["clip_flat_n"] = cidx.sum(flat)
-            cols["clip_cap_n"] = cidx.sum(capm)
+            cols["n"] = cidx.count().astype(np.int32)
+            cols["clip_out_n"] = _count(cidx, outside)
+            cols["clip_flat_n"] = _count(cidx, flat)
+            cols["clip_cap_n"] = _count(cidx, capm)
             for side, w in (("b", wb64), ("c", wc64)):
                 wd = w * absd
                 put(f"clip_out_{side}", outside, w)
@@ -231,6 +233,108 @@ class AuditAccumulator:
         self._ratio_moments[g] = [n, mean1 + d * n2 / n, m2a + m2b + d * d * n1 * n2 / n]
 
     # -- output
+    def families(self) -> list[tuple[str, RatioFamily]]:
+        """One bootstrap request per statistic, each from its own per-turn columns (SPEC 7).
+
+        Their resamples depend on the seed and the turn layout only, so a statistic's
+        interval is the same whichever other statistics (or accumulators, e.g. the
+        report's) are bootstrapped with it.  Each statistic's columns are gathered into
+        one (columns x turns) float64 matrix and the per-batch pieces are released as
+        they are used: about 8 bytes per turn per column at the peak.
+        """
+        if self._n_clusters == 0:
+            raise ValueError("no valid tokens to audit")
+        batch = np.concatenate(self._batch)
+        gcode = np.concatenate(self._group)
+        if self.by is not None:
+            rank, _ = self._groups.order()
+            grank = rank[gcode]
+        else:
+            grank = np.zeros_like(gcode)
+        self._batch_final, self._grank = batch, grank
+        if "shift" in self.statistics:
+            self._shift_meta = self._shift_columns(grank, len(self._groups.values) if self.by else 1)
+        specs: list[tuple[str, list[tuple[str, str, str]], list[tuple[str, str, str]]]] = []
+        for stat in self.statistics:
+            # ratios (name, numerator column, denominator column) and differences
+            ratios: list[tuple[str, str, str]] = []
+            diffs: list[tuple[str, str, str]] = []
+
+            def paired(key: str, nb: str, db: str, nc: str, dc: str) -> None:
+                ratios.append((f"{key}:b", nb, db))
+                ratios.append((f"{key}:c", nc, dc))
+                diffs.append((f"{key}:d", f"{key}:c", f"{key}:b"))
+
+            if stat == "tcm":
+                paired("tcm", "tcm_num_b", "tcm_den_b", "tcm_num_c", "tcm_den_c")
+            elif stat == "quadrants":
+                for r in REGIONS:
+                    paired(f"q:{r}", f"q_{r}_b", "total_b", f"q_{r}_c", "total_c")
+            elif stat == "shift":
+                for lab in shift_bin_labels(self.n_bins):
+                    paired(f"s:{lab}", f"sh_{lab}_b", "sh_total_b", f"sh_{lab}_c", "sh_total_c")
+            else:
+                for side in ("out", "flat"):
+                    ratios.append((f"clip:{side}:tokens", f"clip_{side}_n", "n"))
+                    paired(f"clip:{side}:mass", f"clip_{side}_b", "total_b", f"clip_{side}_c", "total_c")
+                    paired(f"clip:{side}:absd", f"wd_{side}_b", "wd_total_b", f"wd_{side}_c", "wd_total_c")
+                ratios.append(("clip:cap:tokens", "clip_cap_n", "n"))
+            specs.append((stat, ratios, diffs))
+        # per-turn columns: one matrix per statistic, pieces dropped after their last use
+        needed = [sorted({c for _, a, b in ratios for c in (a, b)}) for _, ratios, _ in specs]
+        last = {c: i for i, names in enumerate(needed) for c in names}
+        self._cols_final = final = {k: np.concatenate(v) for k, v in self._cols.items() if k.endswith("_n")
+                                    and k != "clip_out_n" and k != "clip_flat_n" and k != "clip_cap_n"}
+        out: list[tuple[str, RatioFamily]] = []
+        for i, ((stat, ratios, diffs), names) in enumerate(zip(specs, needed)):
+            M = np.empty((len(names), self._n_clusters), dtype=np.float64)
+            for k, c in enumerate(names):
+                np.concatenate(self._cols[c], out=M[k], casting="unsafe")
+                final[c] = M[k]
+                if last[c] == i:
+                    del self._cols[c]
+            col_of = {c: k for k, c in enumerate(names)}
+            rix = {r[0]: j for j, r in enumerate(ratios)}
+            out.append((stat, RatioFamily(
+                M.T,  # (turns x columns) as a view: the bootstrap takes the rows of M as they are
+                [col_of[a] for _, a, _ in ratios],
+                [col_of[b] for _, _, b in ratios],
+                strata=batch,
+                groups=grank,
+                differences=[(rix[a], rix[b]) for _, a, b in diffs],
+                names=[r[0] for r in ratios] + [d[0] for d in diffs],
+            )))
+        self._cols = {}
+        return out
+
+    def results(self, raws: Sequence[RatioBootstrapResult], *, unit: str = "action-turn") -> AuditResults:
+        """The result objects from the bootstraps of :meth:`families` (in that order)."""
+        raw_of = dict(zip(self.statistics, raws))
+        cols, batch, grank = self._cols_final, self._batch_final, self._grank
+        ntok = np.concatenate(self._ntok)
+        gvalues = self._groups.order()[1] if self.by is not None else [None]
+        first = raws[0]
+        out: dict[str, list[Any]] = {s: [] for s in self.statistics}
+        # every family has the same clusters and groups: raw.groups are the group codes present, sorted
+        for gi, g in enumerate(first.groups):
+            sel = grank == g
+            ctx = _Ctx(self, raw_of, gi, sel, cols, ntok, batch, unit)
+            if "tcm" in self.statistics:
+                out["tcm"].append(ctx.tcm())
+            if "quadrants" in self.statistics:
+                out["quadrants"].append(ctx.quadrants())
+            if "shift" in self.statistics:
+                out["shift"].append(ctx.shift(self._shift_meta[g]))
+            if "clip" in self.statistics:
+                out["clip"].append(ctx.clip(self._clip_moments(g)))
+        final: dict[str, Any] = {}
+        for s, lst in out.items():
+            if self.by is None:
+                final[s] = lst[0]
+            else:
+                final[s] = GroupedResult(self.by, tuple(gvalues[int(g)] for g in first.groups), tuple(lst))
+        return AuditResults(raw=raw_of, **final)
+
     def finalize(
         self,
         *,
@@ -241,86 +345,12 @@ class AuditAccumulator:
         chunk_size: int | None = None,
         workers: int = 1,
     ) -> AuditResults:
-        """Bootstrap every requested statistic on one shared set of resamples."""
-        if self._n_clusters == 0:
-            raise ValueError("no valid tokens to audit")
-        batch = np.concatenate(self._batch)
-        gcode = np.concatenate(self._group)
-        if self.by is not None:
-            rank, gvalues = self._groups.order()
-            grank = rank[gcode]
-        else:
-            gvalues, grank = [None], np.zeros_like(gcode)
-        n_groups = len(gvalues)
-        ntok = np.concatenate(self._ntok)
-        cols = {k: np.concatenate(v) for k, v in self._cols.items()}
-        shift_meta = None
-        if "shift" in self.statistics:
-            shift_meta = self._shift_columns(cols, grank, n_groups)
-
-        # ratios (name, numerator column, denominator column) and differences
-        ratios: list[tuple[str, str, str]] = []
-        diffs: list[tuple[str, str, str]] = []
-
-        def paired(key: str, nb: str, db: str, nc: str, dc: str) -> None:
-            ratios.append((f"{key}:b", nb, db))
-            ratios.append((f"{key}:c", nc, dc))
-            diffs.append((f"{key}:d", f"{key}:c", f"{key}:b"))
-
-        if "tcm" in self.statistics:
-            paired("tcm", "tcm_num_b", "tcm_den_b", "tcm_num_c", "tcm_den_c")
-        if "quadrants" in self.statistics:
-            for r in REGIONS:
-                paired(f"q:{r}", f"q_{r}_b", "total_b", f"q_{r}_c", "total_c")
-        if "shift" in self.statistics:
-            for lab in shift_bin_labels(self.n_bins):
-                paired(f"s:{lab}", f"sh_{lab}_b", "sh_total_b", f"sh_{lab}_c", "sh_total_c")
-        if "clip" in self.statistics:
-            for s in ("out", "flat"):
-                ratios.append((f"clip:{s}:tokens", f"clip_{s}_n", "n"))
-                paired(f"clip:{s}:mass", f"clip_{s}_b", "total_b", f"clip_{s}_c", "total_c")
-                paired(f"clip:{s}:absd", f"wd_{s}_b", "wd_total_b", f"wd_{s}_c", "wd_total_c")
-            ratios.append(("clip:cap:tokens", "clip_cap_n", "n"))
-
-        names = sorted({c for _, a, b in ratios for c in (a, b)})
-        col_of = {c: i for i, c in enumerate(names)}
-        S = np.column_stack([cols[c] for c in names])
-        rix = {r[0]: i for i, r in enumerate(ratios)}
-        raw = bootstrap_ratio_columns(
-            S,
-            [col_of[a] for _, a, _ in ratios],
-            [col_of[b] for _, _, b in ratios],
-            strata=batch,
-            groups=grank,
-            differences=[(rix[a], rix[b]) for _, a, b in diffs],
-            names=[r[0] for r in ratios] + [d[0] for d in diffs],
-            n_resamples=n_resamples,
-            confidence_level=confidence_level,
-            unit=unit,
-            rng=rng,
-            chunk_size=chunk_size,
-            workers=workers,
-        )
-        # raw.groups are the group codes present, sorted: map back to positions
-        out: dict[str, list[Any]] = {s: [] for s in self.statistics}
-        for gi, g in enumerate(raw.groups):
-            sel = grank == g
-            ctx = _Ctx(self, raw, gi, sel, cols, ntok, batch, unit)
-            if "tcm" in self.statistics:
-                out["tcm"].append(ctx.tcm())
-            if "quadrants" in self.statistics:
-                out["quadrants"].append(ctx.quadrants())
-            if "shift" in self.statistics:
-                out["shift"].append(ctx.shift(shift_meta[g]))
-            if "clip" in self.statistics:
-                out["clip"].append(ctx.clip(self._clip_moments(g)))
-        final: dict[str, Any] = {}
-        for s, lst in out.items():
-            if self.by is None:
-                final[s] = lst[0]
-            else:
-                final[s] = GroupedResult(self.by, tuple(gvalues[int(g)] for g in raw.groups), tuple(lst))
-        return AuditResults(raw=raw, **final)
+        """Bootstrap every requested statistic (one draw of resamples, each statistic its own products)."""
+        fams = self.families()
+        raws = bootstrap_ratio_families([f for _, f in fams], n_resamples=n_resamples,
+                                        confidence_level=confidence_level, unit=unit, rng=rng,
+                                        chunk_size=chunk_size, workers=workers)
+        return self.results(raws, unit=unit)
 
     def _clip_moments(self, g_rank: int) -> tuple[float, float]:
         if self.by is None:
@@ -333,7 +363,7 @@ class AuditAccumulator:
         n, mean, m2 = mom
         return mean, (math.sqrt(m2 / n) if n > 0 else math.nan)
 
-    def _shift_columns(self, cols: dict[str, np.ndarray], grank: np.ndarray, n_groups: int) -> dict[int, dict[str, Any]]:
+    def _shift_columns(self, grank: np.ndarray, n_groups: int) -> dict[int, dict[str, Any]]:
         """Cut S+ advantages into equal-frequency bins per group; add per-turn bin sums."""
         nb = self.n_bins
         labels = shift_bin_labels(nb)
@@ -368,12 +398,12 @@ class AuditAccumulator:
                 np.fmin.at(amin, b, a)
                 np.fmax.at(amax, b, a)
             meta[g] = {"n_tokens": ntoks, "adv_min": amin, "adv_max": amax, "n_splus": int(c.sum())}
-        key = cl * nl + bins
+        self._sp = {k: [] for k in self._sp}
         for side, s in (("b", sb), ("c", sc)):
-            per = np.bincount(key, weights=s, minlength=n * nl).reshape(n, nl)
             for i, lab in enumerate(labels):
-                cols[f"sh_{lab}_{side}"] = np.ascontiguousarray(per[:, i])
-            cols[f"sh_total_{side}"] = np.bincount(cl, weights=s, minlength=n)
+                sel = bins == i
+                self._cols[f"sh_{lab}_{side}"] = [np.bincount(cl[sel], weights=s[sel], minlength=n)]
+            self._cols[f"sh_total_{side}"] = [np.bincount(cl, weights=s, minlength=n)]
         return meta
 
 
@@ -407,22 +437,24 @@ def midrank_bins(values: np.ndarray, n_bins: int, *, weights: np.ndarray | None 
 class _Ctx:
     """Builds one group's result objects from the shared bootstrap."""
 
-    def __init__(self, acc: AuditAccumulator, raw: RatioBootstrapResult, gi: int, sel: np.ndarray,
+    def __init__(self, acc: AuditAccumulator, raw: dict[str, RatioBootstrapResult], gi: int, sel: np.ndarray,
                  cols: dict[str, np.ndarray], ntok: np.ndarray, batch: np.ndarray, unit: str):
         self.acc, self.raw, self.gi, self.sel, self.cols = acc, raw, gi, sel, cols
+        first = next(iter(raw.values()))
         self.common = dict(
             base_name=acc.base_name,
             compare_name=acc.compare_name,
             n_tokens=int(ntok[sel].sum()),
             n_turns=int(sel.sum()),
             n_batches=int(np.unique(batch[sel], return_counts=True)[0].size),  # (skips a numpy.ma import)
-            n_resamples=raw.n_resamples,
-            confidence_level=raw.confidence_level,
+            n_resamples=first.n_resamples,
+            confidence_level=first.confidence_level,
             unit=unit,
         )
 
     def r(self, name: str) -> BootstrapResult:
-        return self.raw.result(name, self.gi)
+        stat = {"q": "quadrants", "s": "shift"}.get(name.split(":", 1)[0], name.split(":", 1)[0])
+        return self.raw[stat].result(name, self.gi)
 
     def paired(self, key: str) -> PairedResult:
         return PairedResult(self.r(f"{key}:b"), self.r(f"{key}:c"), self.r(f"{key}:d"))
@@ -475,6 +507,11 @@ class _Ctx:
             dual_clip_cap_count=int(round(self.total("clip_cap_n"))), dual_clip_cap=self.r("clip:cap:tokens"),
             ratio_mean=moments[0], ratio_std=moments[1],
         )
+
+
+def _count(cidx: ClusterIndex, mask: np.ndarray) -> np.ndarray:
+    """Per-turn token counts of a mask (int32: exact, and half the memory of float64)."""
+    return cidx.sum(mask).astype(np.int32)
 
 
 def _mass_matched(tb: np.ndarray, tc: np.ndarray, rtol: float) -> bool:

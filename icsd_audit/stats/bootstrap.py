@@ -12,11 +12,13 @@ Two resampling units:
   turns are resampled with replacement *within each stratum* (batch), each stratum
   keeping its own number of turns.  The multiplicities of one stratum are exactly
   Multinomial(n_s, 1/n_s); they are drawn with a fast exact sampler (Poissonization
-  with an exact correction, four clusters per 16-bit lookup, clusters with all-zero sums
-  skipped exactly; see :mod:`icsd_audit.stats.resample` and ``docs/statistics.md``),
-  processed in blocks of :data:`BLOCK` resamples, each block from its own child
-  generator, so results do not depend on ``chunk_size`` (memory) nor on how many
-  resamples share a chunk.
+  with an exact correction, four resamples per 16-bit lookup; see
+  :mod:`icsd_audit.stats.resample` and ``docs/statistics.md``), processed in blocks of
+  :data:`BLOCK` resamples, each block from its own child generator, so results do not
+  depend on ``chunk_size`` (memory) nor on how many resamples share a chunk.  The counts
+  are a function of the seed and the layout (stratum sizes) alone, and each statistic
+  (:class:`RatioFamily`) is summed on its own: one interval per statistic, whatever
+  else is bootstrapped beside it (SPEC 7).
 - ``unit="batch"`` (gradient compatibility; optional for ratio statistics): whole
   strata are resampled with replacement (within each group).
 
@@ -38,7 +40,9 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from icsd_audit.stats.resample import BLOCK, batch_resampled_sums, check_rng as _check_rng, resampled_sums
+from icsd_audit.stats.resample import (
+    BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
+)
 
 __all__ = [
     "BLOCK",
@@ -46,6 +50,8 @@ __all__ = [
     "RatioBootstrapResult",
     "cluster_bootstrap_ratio",
     "bootstrap_ratio_columns",
+    "bootstrap_ratio_families",
+    "RatioFamily",
     "batch_bootstrap_mean",
     "exact_zero_result",
     "resampled_sums",
@@ -300,7 +306,8 @@ def cluster_bootstrap_ratio(
         of :data:`BLOCK`, default 1024); never changes the result.  Working memory
         is about 1 byte per cluster per block of 16 resamples in flight (plus a 512 KB tile per worker).
     workers
-        Threads drawing blocks in parallel; never changes the result.
+        Processes (threads where fork is unavailable) drawing blocks in parallel; never
+        changes the result.
     keep_replicates
         Keep the (n_resamples, n_groups, n_statistics) bootstrap distribution.
     """
@@ -326,6 +333,160 @@ def cluster_bootstrap_ratio(
         workers=workers,
         keep_replicates=keep_replicates,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class RatioFamily:
+    """One statistic's bootstrap request: ratios of per-cluster column sums (and their differences).
+
+    ``sums`` (n_clusters x K) holds each per-cluster sum once; ratio j is
+    ``sum sums[:, numerator_index[j]] / sum sums[:, denominator_index[j]]`` per group;
+    ``strata`` / ``groups`` label the clusters (batch, and e.g. step); ``differences``
+    pairs (a, b) of ratio indices, ratio_a - ratio_b on the same resample; ``names``
+    label the ratios then the differences.
+    """
+
+    sums: Any
+    numerator_index: Sequence[int]
+    denominator_index: Sequence[int]
+    strata: Any = None
+    groups: Any = None
+    differences: Sequence[tuple[int, int]] = ()
+    names: Sequence[str] | None = None
+
+
+@dataclass
+class _Prepared:
+    """A family sorted into its layout: clusters by (group, stratum), its columns, its point estimates."""
+
+    ST: np.ndarray  # (used columns, clusters), clusters in layout order
+    num: np.ndarray
+    den: np.ndarray
+    diffs: list[tuple[int, int]]
+    names: tuple[str, ...]
+    sizes: np.ndarray
+    sstarts: np.ndarray
+    sgroup: np.ndarray
+    gvalues: tuple[Any, ...]
+    estimate: np.ndarray
+
+    def stats_of(self, T: np.ndarray) -> np.ndarray:
+        r = _ratio(T[..., self.num], T[..., self.den])
+        if self.diffs:
+            d = np.stack([r[..., a] - r[..., b] for a, b in self.diffs], axis=-1)
+            r = np.concatenate([r, d], axis=-1)
+        return r
+
+
+def _prepare(fam: RatioFamily) -> _Prepared:
+    """Validate a family and lay it out; no copy of its sums when they come as rows (``M.T``) in order."""
+    S0 = _as_matrix(fam.sums, "sums")
+    n, k = S0.shape
+    if n == 0:
+        raise ValueError("no clusters to resample")
+    num_idx = np.asarray(fam.numerator_index, dtype=np.int64).reshape(-1)
+    den_idx = np.asarray(fam.denominator_index, dtype=np.int64).reshape(-1)
+    if num_idx.shape != den_idx.shape:
+        raise ValueError("numerator_index and denominator_index must have the same length")
+    if ((num_idx < 0) | (num_idx >= k) | (den_idx < 0) | (den_idx >= k)).any():
+        raise ValueError(f"column indices must lie in 0..{k - 1}")
+    j = num_idx.size
+    diffs = [(int(a), int(b)) for a, b in fam.differences]
+    for a, b in diffs:
+        if not (0 <= a < j and 0 <= b < j):
+            raise ValueError(f"difference ({a}, {b}) refers to a ratio outside 0..{j - 1}")
+    names = fam.names
+    if names is None:
+        names = tuple(f"r{i}" for i in range(j)) + tuple(f"r{a}-r{b}" for a, b in diffs)
+    names = tuple(str(x) for x in names)
+    if len(names) != j + len(diffs):
+        raise ValueError(f"names must have {j + len(diffs)} entries (ratios then differences), got {len(names)}")
+    scode, _ = _labels(fam.strata, n, "strata")
+    gcode, gvalues = _labels(fam.groups, n, "groups")
+    n_groups = len(gvalues)
+    # only the columns some ratio uses, each once
+    used, inv = np.unique(np.concatenate([num_idx, den_idx]), return_inverse=True)
+    # clusters by (group, stratum), stable: strata nested in groups, clusters in input order
+    key = gcode * (int(scode.max()) + 1) + scode
+    X = S0
+    if (np.diff(key) < 0).any():
+        order = np.lexsort((scode, gcode))
+        key, X = key[order], S0[order]
+    if used.size != k:
+        X = X[:, used]
+    ST = np.ascontiguousarray(X.T)
+    sstarts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1]).astype(np.int64)
+    sizes = np.diff(np.concatenate([sstarts, [n]]))
+    g_sorted = key // (int(scode.max()) + 1)
+    gbounds = np.concatenate([[0], np.flatnonzero(np.diff(g_sorted)) + 1, [n]])
+    # point estimates: each column added row after row, in layout order
+    total = np.empty((n_groups, ST.shape[0]))
+    for g in range(n_groups):
+        for c in range(ST.shape[0]):
+            total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]])[-1]
+    prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0))
+    prep.estimate = prep.stats_of(total)
+    return prep
+
+
+def bootstrap_ratio_families(
+    families: Sequence[RatioFamily],
+    *,
+    n_resamples: int = 10_000,
+    confidence_level: float = 0.95,
+    unit: Unit = "action-turn",
+    rng: Any = None,
+    chunk_size: int | None = None,
+    workers: int = 1,
+    keep_replicates: bool | Sequence[bool] = False,
+    replicate_budget: int = 1 << 28,
+) -> list[RatioBootstrapResult]:
+    """Bootstrap several statistics, each from its own columns, on the resample stream of their layouts.
+
+    The resamples of a family depend only on ``rng`` and its layout (the sizes of its
+    strata, sorted by group then stratum), never on the other families: families
+    with the same layout are computed from one draw of counts, and each one's values
+    are the same bits as when it is bootstrapped alone (SPEC 7, one interval per
+    statistic).  ``rng`` is read once (an int seed always gives the same stream).
+    Options as in :func:`bootstrap_ratio_columns`; ``keep_replicates`` may be given per family.
+    """
+    n_resamples, confidence_level, unit = _check_options(n_resamples, confidence_level, unit)
+    chunk_size = _check_chunk(chunk_size)
+    seed = stream_seed(rng)
+    preps = [_prepare(f) for f in families]
+    reps = []
+    for p in preps:
+        n_stat = len(p.names)
+        dtype = np.float64 if n_resamples * len(p.gvalues) * n_stat * 8 <= replicate_budget else np.float32
+        reps.append(np.empty((n_resamples, len(p.gvalues), n_stat), dtype=dtype))
+    if unit == "action-turn":
+        layouts: dict[bytes, list[int]] = {}
+        for i, p in enumerate(preps):
+            layouts.setdefault(p.sizes.tobytes(), []).append(i)
+        for idx in layouts.values():
+            lay = Layout(preps[idx[0]].sizes)
+            fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) for i in idx]
+            for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):
+                for i, T in zip(idx, Ts):
+                    reps[i][r0:r1] = preps[i].stats_of(T)
+    else:
+        for i, p in enumerate(preps):
+            # each family's batch multiplicities from the same child stream: a function of the layout only
+            gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence(seed.entropy, spawn_key=(2**32,))))
+            bsums = np.add.reduceat(p.ST, p.sstarts, axis=1).T
+            for r0, r1, T in batch_resampled_sums(bsums, p.sgroup, len(p.gvalues), n_resamples, gen,
+                                                  chunk_size=chunk_size or 1024):
+                reps[i][r0:r1] = p.stats_of(T)
+    keep = [bool(keep_replicates)] * len(preps) if isinstance(keep_replicates, (bool, np.bool_)) else list(keep_replicates)
+    out = []
+    for p, rep, kept in zip(preps, reps, keep):
+        low, high, se, n_valid = _summarize(rep, p.estimate, confidence_level)
+        out.append(RatioBootstrapResult(
+            estimate=p.estimate, ci_low=low, ci_high=high, standard_error=se, n_valid=n_valid, names=p.names,
+            groups=p.gvalues, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
+            replicates=rep if kept else None,
+        ))
+    return out
 
 
 def bootstrap_ratio_columns(
@@ -354,82 +515,11 @@ def bootstrap_ratio_columns(
     the same columns is exactly 0 on every resample.  Replicates are kept as float64
     unless they would exceed ``replicate_budget`` bytes (then float32).
     """
-    n_resamples, confidence_level, unit = _check_options(n_resamples, confidence_level, unit)
-    chunk_size = _check_chunk(chunk_size)
-    gen = _check_rng(rng)
-    S0 = _as_matrix(sums, "sums")
-    n, k = S0.shape
-    if n == 0:
-        raise ValueError("no clusters to resample")
-    num_idx = np.asarray(numerator_index, dtype=np.int64).reshape(-1)
-    den_idx = np.asarray(denominator_index, dtype=np.int64).reshape(-1)
-    if num_idx.shape != den_idx.shape:
-        raise ValueError("numerator_index and denominator_index must have the same length")
-    if ((num_idx < 0) | (num_idx >= k) | (den_idx < 0) | (den_idx >= k)).any():
-        raise ValueError(f"column indices must lie in 0..{k - 1}")
-    j = num_idx.size
-    diffs = [(int(a), int(b)) for a, b in differences]
-    for a, b in diffs:
-        if not (0 <= a < j and 0 <= b < j):
-            raise ValueError(f"difference ({a}, {b}) refers to a ratio outside 0..{j - 1}")
-    if names is None:
-        names = tuple(f"r{i}" for i in range(j)) + tuple(f"r{a}-r{b}" for a, b in diffs)
-    names = tuple(str(x) for x in names)
-    if len(names) != j + len(diffs):
-        raise ValueError(f"names must have {j + len(diffs)} entries (ratios then differences), got {len(names)}")
-    scode, _ = _labels(strata, n, "strata")
-    gcode, gvalues = _labels(groups, n, "groups")
-    n_groups = len(gvalues)
-
-    # only the columns some ratio uses, each once
-    used, inv = np.unique(np.concatenate([num_idx, den_idx]), return_inverse=True)
-    num_idx, den_idx = inv[:j], inv[j:]
-    # sort clusters by (group, stratum); strata nested in groups
-    order = np.lexsort((scode, gcode))
-    S = np.ascontiguousarray(S0[order][:, used])
-    g_sorted = gcode[order]
-    key = g_sorted * (int(scode.max()) + 1) + scode[order]
-    sstarts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1]).astype(np.int64)
-    ssizes = np.diff(np.concatenate([sstarts, [n]]))
-    sgroup = g_sorted[sstarts]
-
-    def stats_of(T: np.ndarray) -> np.ndarray:
-        r = _ratio(T[..., num_idx], T[..., den_idx])
-        if diffs:
-            d = np.stack([r[..., a] - r[..., b] for a, b in diffs], axis=-1)
-            r = np.concatenate([r, d], axis=-1)
-        return r
-
-    gbounds = np.concatenate([[0], np.flatnonzero(np.diff(g_sorted)) + 1, [n]])
-    total = np.stack([S[gbounds[g] : gbounds[g + 1]].sum(axis=0) for g in range(n_groups)])
-    estimate = stats_of(total)
-
-    n_stat = j + len(diffs)
-    dtype = np.float64 if n_resamples * n_groups * n_stat * 8 <= replicate_budget else np.float32
-    reps = np.empty((n_resamples, n_groups, n_stat), dtype=dtype)
-    if unit == "action-turn":
-        for r0, r1, T in resampled_sums(
-            S, ssizes, sgroup, n_groups, n_resamples, rng=gen, chunk_size=chunk_size, workers=workers
-        ):
-            reps[r0:r1] = stats_of(T)
-    else:
-        bsums = np.add.reduceat(S, sstarts, axis=0)
-        for r0, r1, T in batch_resampled_sums(bsums, sgroup, n_groups, n_resamples, gen, chunk_size=chunk_size or 1024):
-            reps[r0:r1] = stats_of(T)
-    low, high, se, n_valid = _summarize(reps, estimate, confidence_level)
-    return RatioBootstrapResult(
-        estimate=estimate,
-        ci_low=low,
-        ci_high=high,
-        standard_error=se,
-        n_valid=n_valid,
-        names=names,
-        groups=gvalues,
-        n_resamples=n_resamples,
-        confidence_level=confidence_level,
-        unit=unit,
-        replicates=reps if keep_replicates else None,
-    )
+    fam = RatioFamily(sums, numerator_index, denominator_index, strata=strata, groups=groups,
+                      differences=differences, names=names)
+    return bootstrap_ratio_families([fam], n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
+                                    rng=rng, chunk_size=chunk_size, workers=workers, keep_replicates=keep_replicates,
+                                    replicate_budget=replicate_budget)[0]
 
 
 def _dedupe_columns(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,29 +2,36 @@
 
 A stratified action-turn resample is, per stratum s of n_s clusters, a vector of
 multiplicities distributed Multinomial(n_s, 1/n_s); the resampled sums of K columns
-are ``counts @ sums``.  Drawing those counts by sampling n_s indices and counting
-them costs two slow passes per element; here they come from *Poissonization with
-an exact correction*:
+are ``counts @ sums``.
 
-1. iid Poisson(lambda) counts per cluster, lambda = 1 - 3 / sqrt(2**floor(log2 n_s)),
-   :data:`TUPLE` clusters at a time by table lookup on one 16-bit uniform (the
-   lexicographic inverse CDF of the tuple; buckets that straddle a CDF step are
-   decided by a uniform double inside the bucket, so the draw is exact to double
-   precision);
-2. given their total M, Poisson counts are Multinomial(M, uniform): adding n_s - M
-   further uniform draws gives exactly Multinomial(n_s, uniform);
+**One stream per layout** (SPEC 7, "one interval per statistic").  The counts are a
+function of the seed and of the *layout* only: the sequence of stratum sizes (turns
+per batch, batches in their canonical order).  They never depend on the sums, on which
+statistics are computed, or on how many; every statistic on a layout reads the same
+resamples, and each statistic's products are computed on their own (fixed shapes:
+:data:`PANEL` columns, :data:`TILE` clusters), so its bits do not depend on what else
+is computed in the same pass either.  Resamples come in blocks of :data:`BLOCK`, each
+drawn from its own child generator (SFC64, seeded from the caller's seed through a
+SeedSequence and the block number), so neither memory chunking nor the number of
+workers changes a value, and the first R resamples do not depend on how many are drawn.
+
+The counts of a block are drawn by *Poissonization with an exact correction*:
+
+1. iid Poisson(lambda) counts, lambda = 1 - 3 / sqrt(2**floor(log2 n_s)), by table
+   lookup: one 16-bit uniform gives :data:`TUPLE` counts (the same cluster in TUPLE
+   consecutive resamples; the lexicographic inverse CDF of the tuple; a bucket that
+   straddles a CDF step is decided by a uniform double inside it, exact to double
+   precision); one 64-bit word per cluster and block;
+2. given their total M, iid Poisson counts are Multinomial(M, uniform): adding
+   n_s - M further uniform draws gives exactly Multinomial(n_s, uniform);
 3. where M > n_s (probability about Phi(-3)) the stratum is redrawn directly.
 
-Clusters whose sums are all zero are dropped first: the kept k of a stratum receive
-a Binomial(n_s, k / n_s) number of draws (:func:`_drop_zero_rows`).
-
-Resamples come in blocks of :data:`BLOCK`, each drawn from its own child generator
-(SFC64, seeded from the caller's generator through a SeedSequence), so results do not
-depend on memory chunking or on the number of workers, and the first R resamples do
-not depend on how many are drawn in total.  Each worker reuses one counts buffer
-(1 byte per cluster and resample of a block) and one float64 tile.  Extra workers are
-forked processes on Linux (:mod:`icsd_audit.stats.forked`: the engine holds the GIL
-too often for threads to help), threads elsewhere.
+Random stream of a block, in order: one word per cluster (clusters in layout order),
+a double per straddling bucket (in cluster, then resample order), the added draws
+(stratum by stratum, resample by resample), the redrawn (stratum, resample) pairs.
+Counts are held cluster-major (a cluster's BLOCK counts side by side, 1 byte each).
+Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.forked`: the
+engine holds the GIL too often for threads to help), threads elsewhere.
 
 Pure numpy.
 """
@@ -34,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -42,22 +50,27 @@ import numpy as np
 from icsd_audit.stats.blas import BlasThreads
 from icsd_audit.stats.forked import ForkedBlocks, fork_available
 
-__all__ = ["BLOCK", "TUPLE", "resampled_sums", "batch_resampled_sums", "check_rng"]
+__all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
+           "batch_resampled_sums", "check_rng", "stream_seed"]
 
 #: resamples per random block; part of the definition of the random stream
-#: (changing it changes the resamples drawn for a given seed)
 BLOCK = 16
+#: resamples per 16-bit lookup (a cluster's Poisson counts packed one byte each); part of the stream
+TUPLE = 4
+#: clusters per matrix-product tile, and columns per product: fixed shapes, so that a
+#: statistic's resampled sums are the same bits whatever else is computed beside it
+TILE = 4096
+PANEL = 8
 
 _TABLE_BITS = 16
 _TABLE_SIZE = 1 << _TABLE_BITS
-#: clusters per 16-bit lookup (their Poisson counts packed one byte each); part of
-#: the definition of the random stream
-TUPLE = 4
 _CODE = np.dtype(f"=i{TUPLE}")
 _FLAG = np.iinfo(_CODE).min  # sign bit: marks a bucket that straddles a CDF step
 _SLACK = 3.0  # Poisson rate lambda = 1 - _SLACK / sqrt(2**floor(log2 n))
-_TAKE_ELEMENTS = 1 << 16  # lookups per tile (keeps the intp temporary of np.take in cache)
-_GEMM_ELEMENTS = 1 << 16  # float64 counts per matrix product: a 512 KB tile that stays in a 1 MB L2 cache
+_CHUNK = 1 << 14  # clusters per lookup chunk (keeps np.take's index temporary in cache)
+_LANE_ROWS = 1024  # clusters per 16-bit lane sum: 1024 * 63 < 2**16 (every table count is below 64)
+_LANES = np.uint64(0x00FF00FF00FF00FF)
+_LITTLE = sys.byteorder == "little"
 
 
 def check_rng(rng: Any) -> np.random.Generator:
@@ -69,6 +82,10 @@ def check_rng(rng: Any) -> np.random.Generator:
         return np.random.default_rng(rng)
     raise TypeError(f"rng must be a numpy Generator, a seed or None, got {type(rng).__name__}")
 
+
+def stream_seed(rng: Any) -> np.random.SeedSequence:
+    """The SeedSequence of a bootstrap's stream: from a seed (always the same), or drawn once from a Generator."""
+    return np.random.SeedSequence(check_rng(rng).integers(0, 2**63, size=4).tolist())
 
 
 # --------------------------------------------------------------------------- exact stratified multinomial counts
@@ -101,7 +118,7 @@ class _Level:
     monotone), so the tuple at u is the nested 1-D inverse CDF and its counts are
     exactly iid Poisson(lambda) (to double precision).  A bucket b covers u in
     [b, b+1) / 2**16; ``table[b]`` holds the tuple's counts packed one byte each
-    (memory order = cluster order; every count is below 64, so a code is positive)
+    (memory order = resample order; every count is below 64, so a code is positive)
     where the tuple is constant on the bucket, otherwise it is negative (the sign bit
     :data:`_FLAG` set) and a uniform double inside the bucket decides (:meth:`resolve`).
     """
@@ -158,100 +175,68 @@ def _levels(sizes: np.ndarray) -> np.ndarray:
     return np.where(sizes >= 16, np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64), 0)
 
 
-def _level_segments(starts: np.ndarray, sizes: np.ndarray, levels: np.ndarray) -> list[tuple[int, int, int]]:
-    """Maximal runs of consecutive strata sharing a Poisson level: (start, stop, level)."""
-    out: list[tuple[int, int, int]] = []
-    for s, n, lv in zip(starts.tolist(), sizes.tolist(), levels.tolist()):
-        if out and out[-1][2] == lv and out[-1][1] == s:
-            out[-1] = (out[-1][0], s + n, lv)
-        else:
-            out.append((s, s + n, lv))
-    return out
+class Layout:
+    """The resampling layout: stratum sizes in canonical order (all the stream depends on, with the seed)."""
 
-
-class _Layout:
-    """Column layout of the counts: each level run padded to a multiple of :data:`TUPLE`.
-
-    A lookup fills TUPLE adjacent columns of one level; the padding columns get
-    counts too (discarded: set to 0, and their rows of the sums are 0), so every
-    cluster's count stays iid Poisson.
-    """
-
-    def __init__(self, sizes: np.ndarray, totals: np.ndarray | None = None):
-        self.sizes = sizes
-        self.totals = totals  # draws per stratum where they exceed its clusters (zero rows dropped)
-        levels = _levels(sizes)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        segs = _level_segments(starts, sizes, levels)
-        shift = np.zeros(len(sizes), dtype=np.int64)
-        self.col = np.empty(int(sizes.sum()), dtype=np.int64)  # padded column of each cluster
-        self.segments: list[tuple[int, int, int]] = []  # (first lookup, stop lookup, level)
-        pads: list[np.ndarray] = []
-        pad, s0 = 0, 0
-        for a, b, lv in segs:
-            n_strata = int(np.searchsorted(starts, b, side="left")) - s0
-            shift[s0 : s0 + n_strata] = pad
-            self.col[a:b] = np.arange(a, b) + pad
-            width = -(-(b - a) // TUPLE) * TUPLE
-            self.segments.append(((a + pad) // TUPLE, (a + pad + width) // TUPLE, lv))
-            pads.append(np.arange(b + pad, a + pad + width))
-            pad += width - (b - a)
-            s0 += n_strata
-        self.starts = starts + shift
-        self.n = int(sizes.sum()) + pad
-        self.dummy = np.concatenate(pads).astype(np.int64)
+    def __init__(self, sizes: Sequence[int]):
+        self.sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+        if self.sizes.size == 0 or (self.sizes <= 0).any():
+            raise ValueError("strata sizes must be positive")
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.n = int(self.sizes.sum())
+        levels = _levels(self.sizes)
+        # runs of consecutive strata sharing a Poisson level: (first cluster, stop, level)
+        self.segments: list[tuple[int, int, int]] = []
+        for s, n, lv in zip(self.starts.tolist(), self.sizes.tolist(), levels.tolist()):
+            if self.segments and self.segments[-1][2] == lv and self.segments[-1][1] == s:
+                self.segments[-1] = (self.segments[-1][0], s + n, lv)
+            else:
+                self.segments.append((s, s + n, lv))
         self.levels = {lv: _level(lv) for _, _, lv in self.segments}
+        # exact 16-bit lane sums: cut every stratum into pieces of at most _LANE_ROWS clusters
+        pieces = [np.arange(a, a + n, _LANE_ROWS) for a, n in zip(self.starts.tolist(), self.sizes.tolist())]
+        self.cuts = np.concatenate(pieces).astype(np.int64)
+        self.first_cut = np.concatenate([[0], np.cumsum([p.size for p in pieces])[:-1]]).astype(np.int64)
+
+    @property
+    def key(self) -> bytes:
+        return self.sizes.tobytes()
 
 
-def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: _Layout) -> None:
-    """Fill ``out`` (BLOCK x padded columns, int8) with exact stratified multinomial counts.
+def _totals(out: np.ndarray, lay: Layout) -> np.ndarray:
+    """Per (stratum, resample) sums of the int8 counts (clusters x BLOCK), exactly, as int64."""
+    if not _LITTLE:  # pragma: no cover - the lane trick below assumes little-endian bytes
+        return np.add.reduceat(out, lay.starts, axis=0, dtype=np.int64)
+    x = out.view(np.uint64)  # (clusters, BLOCK / 8): 8 resamples per word
+    even = np.add.reduceat(x & _LANES, lay.cuts, axis=0)  # resamples 0, 2, 4, 6 of each word in 16-bit lanes
+    odd = np.add.reduceat((x >> np.uint64(8)) & _LANES, lay.cuts, axis=0)
+    part = np.empty((lay.cuts.size, BLOCK), dtype=np.int64)
+    part[:, 0::2] = even.view(np.uint16)
+    part[:, 1::2] = odd.view(np.uint16)
+    return np.add.reduceat(part, lay.first_cut, axis=0)
 
-    For each row and stratum s (columns starts[s]:starts[s]+n_s) the multiplicities
-    are Multinomial(n_s, uniform).  Drawn by Poissonization: iid Poisson(lambda)
-    counts (:class:`_Level`, TUPLE per 16-bit uniform), which given their total M are
-    Multinomial(M, uniform); then n_s - M further uniform draws are added, and where
-    M > n_s (probability about Phi(-3)) the row's stratum is redrawn directly.
-    Random stream of the block, in order: 16-bit uniforms chunk by chunk (one level:
-    row-major over rows x lookups; several: column tiles of :data:`_TAKE_ELEMENTS` //
-    rows lookups within each level run, row-major inside a tile), doubles for the
-    flagged buckets (in that order), the added uniform draws
-    (row-major over (row, stratum)), the redrawn strata.  Tiles keep every temporary
-    small: no page faults, and the table lookups stay in cache.
+
+def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: Layout) -> None:
+    """Fill ``out`` (clusters x BLOCK, int8) with exact stratified multinomial counts.
+
+    For each resample (column) and stratum s the multiplicities of its n_s clusters
+    are Multinomial(n_s, uniform); see the module docstring for the draw and its stream.
     """
-    rows, n_cols = out.shape
-    sizes, starts = lay.sizes, lay.starts
-    if lay.totals is None:
-        want = np.broadcast_to(sizes[None, :], (rows, sizes.size))
-    else:  # draws landing on the kept clusters: Binomial(total, kept / total)
-        want = gen.binomial(lay.totals, sizes / lay.totals, size=(rows, sizes.size))
-    packed = out.view(_CODE)  # (rows, lookups)
-    n_look = packed.shape[1]
-    flat = packed.reshape(-1)
-    flagged: list[tuple[np.ndarray, np.ndarray, int]] = []  # (flat position, bucket, level)
+    n, rows = out.shape
+    flat = out.view(_CODE).reshape(-1)  # (clusters * BLOCK / TUPLE) lookups
+    per = rows // TUPLE
     bitgen = gen.bit_generator
-    if len(lay.segments) == 1:  # one level: row-major chunks, looked up in place
-        lv = lay.segments[0][2]
+    flagged: list[tuple[np.ndarray, np.ndarray, int]] = []  # (lookup position, bucket, level)
+    for a, b, lv in lay.segments:
         table = lay.levels[lv].table
-        for f0 in range(0, flat.size, _TAKE_ELEMENTS):
-            w = min(flat.size, f0 + _TAKE_ELEMENTS) - f0
-            u = bitgen.random_raw((w + 3) // 4).view(np.uint16)[:w]
-            dst = flat[f0 : f0 + w]
+        for t0 in range(a, b, _CHUNK):
+            t1 = min(b, t0 + _CHUNK)
+            u = bitgen.random_raw((t1 - t0) * per // 4).view(np.uint16)
+            dst = flat[t0 * per : t1 * per]
             np.take(table, u, out=dst, mode="clip")  # (mode="raise" would buffer out)
             fl = np.flatnonzero(dst < 0)  # buckets straddling a CDF step
             if fl.size:
-                flagged.append((fl + f0, u[fl], lv))
-    else:  # column tiles within each level run, row-major inside a tile
-        width = max(1, _TAKE_ELEMENTS // rows)
-        for a, b, lv in lay.segments:
-            table = lay.levels[lv].table
-            for c0 in range(a, b, width):
-                w = min(b, c0 + width) - c0
-                u = bitgen.random_raw((rows * w + 3) // 4).view(np.uint16)[: rows * w]
-                codes = np.take(table, u)
-                fl = np.flatnonzero(codes < 0)
-                if fl.size:
-                    flagged.append(((fl // w) * n_look + fl % w + c0, u[fl], lv))
-                packed[:, c0 : c0 + w] = codes.reshape(rows, w)
+                flagged.append((fl + t0 * per, u[fl], lv))
     if flagged:  # decide flagged buckets with a double inside the bucket
         pos, bucket = (np.concatenate([f[i] for f in flagged]) for i in range(2))
         v = gen.random(bucket.size)
@@ -262,61 +247,92 @@ def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: _Layout) -> No
             for lv in np.unique(lv_of).tolist():
                 sel = np.flatnonzero(lv_of == lv)
                 flat[pos[sel]] = lay.levels[lv].resolve(bucket[sel], v[sel])
-    if lay.dummy.size:
-        out[:, lay.dummy] = 0
-    # totals per (row, stratum) and the exact correction to the wanted number of draws
-    m = np.add.reduceat(out, starts, axis=1, dtype=np.int32)
-    short = want - m  # (rows, strata)
+    # the exact correction to n_s draws per (stratum, resample)
+    sizes, starts = lay.sizes, lay.starts
+    short = sizes[:, None] - _totals(out, lay)  # (strata, BLOCK)
     add = np.maximum(short, 0).reshape(-1)
     total = int(add.sum())
     if total:
-        # per (row, stratum): flat offset of the stratum's first column, and its size
-        base = (np.arange(rows, dtype=np.int64)[:, None] * n_cols + starts[None, :]).reshape(-1)
-        size_of = np.broadcast_to(sizes[None, :], short.shape).reshape(-1)
-        # uniform in 0..n_s-1: floor(U * n_s), U a double (bias below n_s / 2**53)
+        # uniform cluster in 0..n_s-1: floor(U * n_s), U a double (bias below n_s / 2**53)
         u = gen.random(total)
-        u *= np.repeat(size_of, add)
-        target = np.repeat(base, add) + u.astype(np.int64)
+        u *= np.repeat(np.repeat(sizes, rows), add)
+        cluster = np.repeat(np.repeat(starts, rows), add) + u.astype(np.int64)
+        target = cluster * rows + np.repeat(np.tile(np.arange(rows, dtype=np.int64), sizes.size), add)
         np.add.at(out.reshape(-1), target, np.int8(1))  # (a Python int 1 takes a slow path)
-    over = np.argwhere(short < 0)  # row-major order
-    for r, s in over.tolist():
-        a, n = int(starts[s]), int(sizes[s])
-        draws = gen.integers(0, n, size=int(want[r, s]))
-        out[r, a : a + n] = np.bincount(draws, minlength=n).astype(np.int8)
+    for s, r in np.argwhere(short < 0).tolist():  # (stratum, resample) order
+        a, m = int(starts[s]), int(sizes[s])
+        out[a : a + m, r] = np.bincount(gen.integers(0, m, size=m), minlength=m).astype(np.int8)
 
 
 def _block_generator(seed_seq: np.random.SeedSequence, b: int) -> np.random.Generator:
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence(seed_seq.entropy, spawn_key=(b,))))
 
 
-class _Engine:
-    """Per-block resampled group sums for a sorted cluster table."""
+# --------------------------------------------------------------------------- resampled sums of a statistic
 
-    def __init__(self, S: np.ndarray, sizes: np.ndarray, sgroup: np.ndarray, n_groups: int,
-                 seed_seq: np.random.SeedSequence, totals: np.ndarray | None = None):
-        self.lay = _Layout(sizes, totals)
-        self.n, self.k = self.lay.n, S.shape[1]
-        if self.n == S.shape[0]:
-            self.S = S
-        else:  # zero rows at the padding columns
-            self.S = np.zeros((self.n, self.k), dtype=np.float64)
-            self.S[self.lay.col] = S
-        self.n_groups = n_groups
-        self.seed_seq = seed_seq
-        starts = self.lay.starts
-        gstart = np.zeros(n_groups, np.int64)
-        gstop = np.zeros(n_groups, np.int64)
-        first = np.full(n_groups, -1)
-        for s in range(len(sizes)):
-            g = int(sgroup[s])
-            if first[g] < 0:
-                first[g] = s
-                gstart[g] = starts[s]
-            gstop[g] = starts[s] + sizes[s]
-        self.gstart, self.gstop = gstart, gstop
-        # many narrow groups: one segment sum per tile instead of one product per group
-        self.narrow = n_groups > 8 and self.n / n_groups < 256
-        self.col_tile = max(256, _GEMM_ELEMENTS // (BLOCK * (self.k if self.narrow else 1)))
+
+class Family:
+    """One statistic's per-cluster sums on a layout: ST (K x clusters, layout order), strata grouped.
+
+    Groups (e.g. training steps) are contiguous runs of strata; the resampled sums of a
+    group add only its own clusters.  Products run tile by tile (:data:`TILE` clusters)
+    and :data:`PANEL` columns at a time, so a column's sums depend only on this family.
+    """
+
+    def __init__(self, ST: np.ndarray, strata_group: Sequence[int], n_groups: int, lay: Layout):
+        ST = np.ascontiguousarray(ST, dtype=np.float64)
+        if ST.ndim != 2 or ST.shape[1] != lay.n:
+            raise ValueError(f"sums must have one column per cluster ({lay.n}), got shape {ST.shape}")
+        sgroup = np.asarray(strata_group, dtype=np.int64)
+        if len(sgroup) != lay.sizes.size or (np.diff(sgroup) < 0).any() or (sgroup < 0).any() or (sgroup >= n_groups).any():
+            raise ValueError("strata must be sorted by group, with group codes in 0..n_groups-1")
+        self.k, self.n_groups = ST.shape[0], int(n_groups)
+        self.ST = ST  # (K, clusters): a panel's rows are contiguous per cluster range
+        ends = lay.starts + lay.sizes
+        self.gstart = np.zeros(self.n_groups, np.int64)
+        self.gstop = np.zeros(self.n_groups, np.int64)
+        for g in range(self.n_groups):
+            sel = np.flatnonzero(sgroup == g)
+            if sel.size:
+                self.gstart[g], self.gstop[g] = lay.starts[sel[0]], ends[sel[-1]]
+            elif g:
+                self.gstart[g] = self.gstop[g] = self.gstop[g - 1]
+        self.panels = [(p, min(self.k, p + PANEL)) for p in range(0, self.k, PANEL)]
+        # many narrow groups: one segment sum per sub-tile instead of products per group
+        self.narrow = self.n_groups > 8 and lay.n / self.n_groups < 256
+        self.sub = max(16, (1 << 16) // (BLOCK * max(self.k, 1)))
+
+    @property
+    def width(self) -> int:
+        return self.n_groups * self.k
+
+    def add_tile(self, cf: np.ndarray, c0: int, c1: int, T: np.ndarray) -> None:
+        """T (BLOCK, groups, K) += the sums of clusters c0..c1 weighted by their counts ``cf`` (c1-c0, BLOCK)."""
+        g_lo = int(np.searchsorted(self.gstop, c0, side="right"))
+        g_hi = int(np.searchsorted(self.gstart, c1, side="left"))
+        if self.narrow:
+            for s0 in range(c0, c1, self.sub):
+                s1 = min(c1, s0 + self.sub)
+                lo = int(np.searchsorted(self.gstop, s0, side="right"))
+                hi = int(np.searchsorted(self.gstart, s1, side="left"))
+                cuts = np.clip(self.gstart[lo:hi], s0, s1) - s0
+                prod = self.ST[:, s0:s1, None] * cf[None, s0 - c0 : s1 - c0, :]  # (K, w, BLOCK)
+                T[:, lo:hi, :] += np.add.reduceat(prod, cuts, axis=1).transpose(2, 1, 0)
+            return
+        for g in range(g_lo, g_hi):
+            a, z = max(c0, int(self.gstart[g])), min(c1, int(self.gstop[g]))
+            if z <= a:
+                continue
+            for p0, p1 in self.panels:
+                T[:, g, p0:p1] += (self.ST[p0:p1, a:z] @ cf[a - c0 : z - c0]).T
+
+
+class _Engine:
+    """Per-block resampled sums of several families on one layout (one draw of counts for all)."""
+
+    def __init__(self, lay: Layout, families: Sequence[Family], seed_seq: np.random.SeedSequence):
+        self.lay, self.families, self.seed_seq = lay, list(families), seed_seq
+        self.width = sum(f.width for f in self.families)
         self._local = threading.local()
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
@@ -327,53 +343,69 @@ class _Engine:
         """
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = (np.empty((BLOCK, self.n), dtype=np.int8),
-                                     np.empty((BLOCK, min(self.n, self.col_tile)), dtype=np.float64))
+            buf = self._local.buf = (np.empty((self.lay.n, BLOCK), dtype=np.int8),
+                                     np.empty((min(self.lay.n, TILE), BLOCK), dtype=np.float64))
         return buf
 
     def block(self, b: int) -> np.ndarray:
-        gen = _block_generator(self.seed_seq, b)
+        """(BLOCK, total width): every family's (groups x K) sums, side by side."""
         counts, cbuf = self._buffers()
-        _block_counts(gen, counts, self.lay)
-        T = np.zeros((BLOCK, self.n_groups, self.k), dtype=np.float64)
-        S = self.S
-        for c0 in range(0, self.n, self.col_tile):
-            c1 = min(self.n, c0 + self.col_tile)
-            cf = cbuf[:, : c1 - c0]
-            np.copyto(cf, counts[:, c0:c1], casting="unsafe")
-            # the groups meeting columns c0..c1 (groups are contiguous, in order)
-            g_lo = int(np.searchsorted(self.gstop, c0, side="right"))
-            g_hi = int(np.searchsorted(self.gstart, c1, side="left"))
-            if self.narrow:
-                cuts = np.clip(self.gstart[g_lo:g_hi], c0, c1) - c0
-                prod = cf[:, :, None] * S[None, c0:c1, :]
-                T[:, g_lo:g_hi, :] += np.add.reduceat(prod, cuts, axis=1)
-            else:
-                for g in range(g_lo, g_hi):
-                    a, z = max(c0, int(self.gstart[g])), min(c1, int(self.gstop[g]))
-                    T[:, g, :] += cf[:, a - c0 : z - c0] @ S[a:z]
-        return T
+        _block_counts(_block_generator(self.seed_seq, b), counts, self.lay)
+        Ts = [np.zeros((BLOCK, f.n_groups, f.k), dtype=np.float64) for f in self.families]
+        for c0 in range(0, self.lay.n, TILE):
+            c1 = min(self.lay.n, c0 + TILE)
+            cf = cbuf[: c1 - c0]
+            np.copyto(cf, counts[c0:c1], casting="unsafe")
+            for f, T in zip(self.families, Ts):
+                f.add_tile(cf, c0, c1, T)
+        return np.concatenate([T.reshape(BLOCK, -1) for T in Ts], axis=1)
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        out, j = [], 0
+        for f in self.families:
+            out.append(flat[:, j : j + f.width].reshape(flat.shape[0], f.n_groups, f.k))
+            j += f.width
+        return out
 
 
-def _drop_zero_rows(S: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Clusters whose sums are all 0, dropped (each stratum keeps at least one cluster).
+def family_sums(
+    lay: Layout,
+    families: Sequence[Family],
+    n_resamples: int,
+    *,
+    seed: np.random.SeedSequence,
+    chunk_size: int | None = None,
+    workers: int = 1,
+) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+    """Resampled group sums of every family on ``lay``, chunk by chunk: ``(r0, r1, [T per family])``.
 
-    They add nothing to any resampled sum, only their multiplicities matter, and
-    those are not needed: of Multinomial(n_s, uniform) counts, the ones on a subset of
-    k clusters are exactly Multinomial(N, uniform over the k) with N ~ Binomial(n_s,
-    k / n_s).  So the kept clusters are resampled with a Binomial number of draws,
-    saving work in proportion (turns without active tokens are common: zero advantage).
-    Returns the kept rows, clusters per stratum, and the draws per stratum (None when
-    nothing was dropped).
+    T has shape (r1 - r0, groups, K) for resamples r0..r1-1.  One draw of counts per
+    block serves every family; neither ``chunk_size`` (resamples per yielded chunk) nor
+    ``workers`` (forked processes on Linux, threads elsewhere) changes any value.
+    Working memory: BLOCK bytes per cluster per worker, plus a 512 KB tile.
     """
-    zero = ~(S != 0).any(axis=1)
-    if not zero.any():
-        return S, sizes, None
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    keep = ~zero
-    keep[starts[np.add.reduceat(keep, starts, dtype=np.int64) == 0]] = True  # an all-zero stratum keeps its first
-    kept = np.add.reduceat(keep, starts, dtype=np.int64)
-    return np.ascontiguousarray(S[keep]), kept, sizes
+    eng = _Engine(lay, families, seed)
+    n_blocks = -(-n_resamples // BLOCK)
+    per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // BLOCK)
+    chunks = [range(b0, min(n_blocks, b0 + per_chunk)) for b0 in range(0, n_blocks, per_chunk)]
+    workers = max(1, min(int(workers), n_blocks))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(BlasThreads(1))
+        if workers > 1 and fork_available(n_blocks):  # processes: the block engine holds the GIL too often for threads
+            forked = stack.enter_context(ForkedBlocks(eng.block, n_blocks, workers, shape=(BLOCK, eng.width)))
+            compute = forked.take
+        elif workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
+            compute = lambda blocks: list(pool.map(eng.block, blocks))  # noqa: E731
+        else:
+            compute = lambda blocks: [eng.block(b) for b in blocks]  # noqa: E731
+        for blocks in chunks:
+            flat = np.concatenate(compute(blocks), axis=0)
+            r0 = blocks[0] * BLOCK
+            r1 = min(n_resamples, r0 + flat.shape[0])
+            yield r0, r1, [T[: r1 - r0] for T in eng.split(flat)]
 
 
 def resampled_sums(
@@ -392,45 +424,18 @@ def resampled_sums(
     ``sums`` (n_clusters x K) is sorted by group then stratum; stratum s covers the
     next ``strata_sizes[s]`` rows and belongs to group ``strata_group[s]`` (groups
     contiguous and non-decreasing).  Yields ``(r0, r1, T)`` with T of shape
-    (r1 - r0, n_groups, K): the column sums over the resampled clusters of each
-    group, for resamples r0..r1-1.  Resamples come in blocks of :data:`BLOCK`, each
-    from its own child generator, so neither ``chunk_size`` (resamples per yielded
-    chunk) nor ``workers`` (forked processes on Linux, threads elsewhere) changes any value.  Working memory
-    is about 1 byte per cluster per block in flight, plus a 512 KB tile per worker.
+    (r1 - r0, n_groups, K): the column sums over the resampled clusters of each group,
+    for resamples r0..r1-1 (:func:`family_sums` for one family).
     """
-    gen0 = check_rng(rng)
     S = np.ascontiguousarray(sums, dtype=np.float64)
-    n, _ = S.shape
     sizes = np.asarray(strata_sizes, dtype=np.int64)
-    sgroup = np.asarray(strata_group, dtype=np.int64)
-    if sizes.sum() != n or (sizes <= 0).any():
+    if sizes.sum() != S.shape[0] or (sizes <= 0).any():
         raise ValueError("strata sizes must be positive and sum to the number of clusters")
-    if len(sgroup) != len(sizes) or (np.diff(sgroup) < 0).any() or (sgroup < 0).any() or (sgroup >= n_groups).any():
-        raise ValueError("strata must be sorted by group, with group codes in 0..n_groups-1")
-    seed_seq = np.random.SeedSequence(gen0.integers(0, 2**63, size=4).tolist())
-    S, kept, totals = _drop_zero_rows(S, sizes)
-    eng = _Engine(S, kept, sgroup, n_groups, seed_seq, totals)
-    n_blocks = -(-n_resamples // BLOCK)
-    per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // BLOCK)
-    chunks = [range(b0, min(n_blocks, b0 + per_chunk)) for b0 in range(0, n_blocks, per_chunk)]
-    workers = max(1, min(int(workers), n_blocks))
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(BlasThreads(1))
-        if workers > 1 and fork_available(n_blocks):  # processes: the block engine holds the GIL too often for threads
-            forked = stack.enter_context(ForkedBlocks(eng.block, n_blocks, workers, shape=(BLOCK, eng.n_groups, eng.k)))
-            compute = forked.take
-        elif workers > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
-            compute = lambda blocks: list(pool.map(eng.block, blocks))  # noqa: E731
-        else:
-            compute = lambda blocks: [eng.block(b) for b in blocks]  # noqa: E731
-        for blocks in chunks:
-            T = np.concatenate(compute(blocks), axis=0)
-            r0 = blocks[0] * BLOCK
-            r1 = min(n_resamples, r0 + T.shape[0])
-            yield r0, r1, T[: r1 - r0]
+    lay = Layout(sizes)
+    fam = Family(S.T, strata_group, n_groups, lay)
+    for r0, r1, (T,) in family_sums(lay, [fam], n_resamples, seed=stream_seed(rng), chunk_size=chunk_size,
+                                    workers=workers):
+        yield r0, r1, T
 
 
 def batch_resampled_sums(

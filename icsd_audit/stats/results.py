@@ -268,7 +268,8 @@ class AuditResults:
     quadrants: QuadrantsResult | GroupedResult | None = None
     shift: ShiftResult | GroupedResult | None = None
     clip: ClipResult | GroupedResult | None = None
-    raw: RatioBootstrapResult | None = field(default=None, repr=False, compare=False)
+    #: each statistic's bootstrap (replicate summaries per group), by statistic name
+    raw: Mapping[str, RatioBootstrapResult] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k).to_dict() for k in STATISTICS if getattr(self, k) is not None}

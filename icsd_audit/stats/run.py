@@ -71,7 +71,7 @@ def run_audit(
         if progress is not None:
             progress(i + 1, n)
     return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
-                        rng=np.random.default_rng(req.seed), workers=req.workers)
+                        rng=req.seed, workers=req.workers)
 
 
 def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int = 20) -> LandscapeResult:
