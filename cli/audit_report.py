@@ -8,7 +8,7 @@ from typing import Any, List
 import typer
 
 from . import options as O
-from .common import check_output_dir, handle_errors, set_threads, stderr_console
+from .common import check_output_dir, handle_errors, set_threads, stderr_console, thread_count
 from .apps import audit_app
 
 def _options(**kw: Any) -> Any:
@@ -50,7 +50,7 @@ def figures(
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
     report = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,
-                                        confidence, grid, permutations))
+                                        confidence, grid, permutations), workers=thread_count())
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
                            + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
@@ -77,7 +77,7 @@ def report(
     check_output_dir(out, paths, report_owns)
     set_threads()
     rep = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,
-                                     confidence, grid, permutations))
+                                     confidence, grid, permutations), workers=thread_count())
     written = write_report(rep, out)
     t = rep.stats.tcm
     tcm = (f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)"

@@ -375,6 +375,16 @@ class DumpReader:
         for gno, grp in enumerate(self._groups):
             yield self.paths[grp.file], grp.global_offset, self._load(gno)
 
+    def column_groups(self, names: Sequence[str]) -> Iterator[pa.Table]:
+        """Only the named columns (those a file has) of every row group, in input order, unchecked.
+
+        For a light first pass over the values (e.g. the landscape's ranks): nothing is
+        validated here, so a caller must still stream the checked batches afterwards.
+        """
+        for grp in self._groups:
+            pf, path = self._files[grp.file], self.paths[grp.file]
+            yield _read_group(pf, path, grp.index, [c for c in names if c in pf.schema_arrow.names], grp.file_offset)
+
     def _load(self, gno: int) -> pa.Table:
         if gno in self._cache:
             self._cache.move_to_end(gno)

@@ -83,15 +83,23 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
     }
 
 
-def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None) -> AuditReport:
-    """Stream the dumps once and compute every statistic of the report.
+def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None, *, workers: int = 1) -> AuditReport:
+    """Stream the dumps once (after a light first pass for the landscape's ranks) and compute every statistic.
 
-    Per batch: allocate (base and compare), feed the pooled accumulator (TCM,
-    quadrants, shift, clip), the landscape (per ``env`` when that column exists),
-    the per-step TCM (when a ``step`` column holds two or more steps) and, when a
-    dense ``grad`` column exists, the gradient cosines.  Statistics never cross
-    batches; bootstraps run once at the end on per-turn sums.
+    First pass: delta and advantage only, for the landscape's exact mid-rank edges
+    (:func:`icsd_audit.stats.run.landscape_ranks`).  Then per batch: allocate (base and
+    compare), feed the pooled accumulator (TCM, quadrants, shift, clip), the landscape
+    (per ``env`` when that column exists), the per-step TCM (when a ``step`` column holds
+    two or more steps) and, when a dense ``grad`` column exists, the gradient cosines.
+    Statistics never cross batches.  One bootstrap at the end serves every statistic
+    (each from its own per-turn sums on the resample stream of its layout, SPEC 7), so
+    every interval here equals the one ``icsd audit tcm|quadrants|shift|clip|landscape``
+    prints for the same dumps and seed.  ``workers``: batches allocated at once and
+    bootstrap processes; never changes a value.
     """
+    from icsd_audit.stats.bootstrap import bootstrap_ratio_families
+    from icsd_audit.stats.run import landscape_ranks
+
     opts = options or ReportOptions()
     # optional columns are read where a file has them; absent ones are never loaded
     names = schema_names(paths)
@@ -101,12 +109,14 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
                   compare_name=opts.compare)
     pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
     per_step = AuditAccumulator(statistics=("tcm",), by="step", **acc_kw) if "step" in names else None
-    land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare)
+    land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare,
+                                ranks=landscape_ranks(reader, opts.grid))
     steps: set[Any] = set()
     with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
     cos_rows = CosineRows(with_perm=with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
     n_tokens = n_batches = 0
-    for batch, weights, _ in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare)):
+    for batch, weights, _ in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare),
+                                              workers=workers):
         tokens = batch.tokens
         pooled.add(tokens, weights)
         if per_step is not None:
@@ -122,13 +132,23 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
             cos_rows.add(batch.batch_id, tokens, cos, jack)
         n_tokens += int(tokens.valid.sum())
         n_batches += 1
-    boot = dict(n_resamples=opts.n_resamples, confidence_level=opts.confidence_level, rng=opts.seed)
-    stats = pooled.finalize(**boot)
     omitted = _omitted(sketch_cols, cos_rows, per_step is not None, steps)
-    dynamics = per_step.finalize(**boot).tcm if per_step is not None and "dynamics" not in omitted else None
+    # one bootstrap for all: the same intervals as each statistic's own command
+    parts = [pooled.families()]
+    dyn = per_step is not None and "dynamics" not in omitted
+    if dyn:
+        parts.append(per_step.families())
+    grids = land.grids()
+    parts.append(land.families())
+    fams = [f for part in parts for _, f in part]
+    raws = bootstrap_ratio_families(fams, n_resamples=opts.n_resamples, confidence_level=opts.confidence_level,
+                                    rng=opts.seed, workers=workers,
+                                    keep_replicates=[i == len(fams) - 1 for i in range(len(fams))])
+    stats = pooled.results(raws[: len(parts[0])])
+    dynamics = per_step.results(raws[len(parts[0]) : len(parts[0]) + len(parts[1])]).tcm if dyn else None
     return AuditReport(
         stats=stats,
-        landscape=land.finalize(**boot),
+        landscape=land.result(grids, raws[-1]),
         dynamics=dynamics,
         gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
                                    n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,

@@ -16,6 +16,15 @@ Two additions (docs/statistics.md defines them):
 * **Region multipliers** with action-turn bootstrap CIs: for a region R of the rank
   square, mean weight over R / mean weight over the environment (the intensity of R
   as one bin), for both weightings and their ratio (compare / base).
+
+**Exact, in two passes, in bounded memory.**  A value's mid-rank bin depends on it only
+through its rank among all the environment's values, so a first pass over delta and
+advantage alone (:class:`LandscapeRanks`: 4 bytes per valid token of delta, the
+advantages, constant over a turn, as distinct values with counts) cuts each axis into
+exact value edges (:class:`RankEdges`, the bins of SPEC 6 and of
+:func:`~icsd_audit.stats.accumulator.midrank_bins` to the token); the second pass
+(:class:`LandscapeAccumulator`) bins every allocated batch as it streams and keeps only
+the G x G cell sums and nine floats per action turn for the region bootstrap.
 """
 
 from __future__ import annotations
@@ -25,14 +34,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from icsd_audit.stats.accumulator import _check_weight_names, midrank_bins
-from icsd_audit.stats.bootstrap import BootstrapResult, _summarize, bootstrap_ratio_columns
+from icsd_audit.stats.accumulator import _check_weight_names
+from icsd_audit.stats.bootstrap import (
+    BootstrapResult, RatioBootstrapResult, RatioFamily, _summarize, bootstrap_ratio_families,
+)
 from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
-from icsd_audit.stats.turns import GroupCodes, as_numpy, check_finite
+from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite
 
-__all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "landscape", "RegionMultiplier",
-           "LANDSCAPE_REGIONS", "SMOOTHING_BANDWIDTH", "REGION_QUANTILE", "smooth_intensity", "scaled_midranks"]
+__all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "LandscapeRanks", "RankEdges", "landscape",
+           "RegionMultiplier", "LANDSCAPE_REGIONS", "SMOOTHING_BANDWIDTH", "REGION_QUANTILE", "smooth_intensity",
+           "scaled_midranks"]
 
 #: Standard deviation of the Gaussian smoothing kernel, in scaled-rank units.
 SMOOTHING_BANDWIDTH = 0.05
@@ -71,6 +83,120 @@ def scaled_midranks(values: np.ndarray) -> np.ndarray:
     eq = np.bincount(inv.reshape(-1), minlength=uniq.size).astype(np.float64)
     below = np.concatenate([[0.0], np.cumsum(eq)[:-1]])
     return ((2 * below + eq) / (2 * v.size))[inv.reshape(-1)]
+
+
+@dataclass(frozen=True)
+class RankEdges:
+    """One environment's exact mid-rank bins, as value thresholds (SPEC 6, computed once from the values).
+
+    A value x has delta bin ``#{b : delta[b] <= x}`` (``delta[b]`` = the smallest value
+    whose bin is b + 1), identical to :func:`~icsd_audit.stats.accumulator.midrank_bins`
+    over all the environment's values; ``delta_top`` is the smallest value whose scaled
+    mid-rank is at least :data:`REGION_QUANTILE` (+inf if none); likewise for the advantage.
+    """
+
+    n: int
+    delta: np.ndarray
+    advantage: np.ndarray
+    delta_top: float
+    advantage_top: float
+    zero_rank: Mapping[str, float]
+
+
+def _edges(values: np.ndarray, counts: np.ndarray | None, grid: int) -> tuple[np.ndarray, float, float]:
+    """Bin edges, region threshold and zero rank of sorted ``values`` (each with ``counts``, or once each).
+
+    Binary search over positions of the monotone f = 2 * below + equal (integers), so
+    memory stays at the sorted values themselves.
+    """
+    if counts is None:
+        n = m = values.size
+
+        def f(i: np.ndarray) -> np.ndarray:
+            x = values[i]
+            return np.searchsorted(values, x, side="left") + np.searchsorted(values, x, side="right")
+    else:
+        cum = np.cumsum(counts)
+        n, m = int(cum[-1]), values.size
+
+        def f(i: np.ndarray) -> np.ndarray:
+            return 2 * cum[i] - counts[i]
+
+    def first(cond: Any, k: int) -> np.ndarray:
+        """Per entry, the smallest index i in 0..m with cond(i) true (m if none): cond is monotone in i."""
+        lo, hi = np.zeros(k, np.int64), np.full(k, m, np.int64)
+        while (active := lo < hi).any():
+            mid = (lo + hi) // 2
+            ok = cond(np.minimum(mid, m - 1))
+            hi = np.where(active & ok, mid, hi)
+            lo = np.where(active & ~ok, mid + 1, lo)
+        return lo
+
+    def value_at(i: np.ndarray) -> np.ndarray:
+        return np.where(i < m, values[np.minimum(i, m - 1)].astype(np.float64), np.inf)
+
+    b = np.arange(1, grid, dtype=np.int64)
+    edges = value_at(first(lambda i: grid * f(i) >= 2 * n * b, b.size))
+    top = float(value_at(first(lambda i: f(i).astype(np.float64) / (2 * n) >= REGION_QUANTILE, 1))[0])
+    if counts is None:
+        below, equal = np.searchsorted(values, 0, side="left"), np.searchsorted(values, 0, side="right")
+    else:
+        below = int(counts[values < 0].sum())
+        equal = int(counts[values == 0].sum()) + below
+    zero = (float(below) + 0.5 * float(equal - below)) / n
+    return edges, top, zero
+
+
+class LandscapeRanks:
+    """The first pass of the landscape: each environment's delta and advantage values, then exact bin edges.
+
+    Delta values are kept as given (4 bytes per valid token from a float32 dump);
+    advantages, constant over a turn, are kept as distinct values with counts per
+    batch.  :meth:`finalize` sorts them once per environment into :class:`RankEdges`.
+    """
+
+    def __init__(self, *, grid: int = LANDSCAPE_GRID):
+        if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or grid < 1:
+            raise ValueError(f"grid must be a positive integer, got {grid!r}")
+        self.grid = int(grid)
+        self._delta: dict[Any, list[np.ndarray]] = {}
+        self._adv: dict[Any, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def add(self, delta: Any, advantage: Any, *, env: Any = None, valid: Any = None) -> None:
+        """Values of one batch (``env``: per-token labels or None; ``valid``: rows that count)."""
+        d = as_numpy(delta, "delta")
+        a = as_numpy(advantage, "advantage", d.shape[0])
+        keep = np.ones(d.shape[0], bool) if valid is None else as_numpy(valid, "valid", d.shape[0]).astype(bool)
+        keep &= np.isfinite(d) & np.isfinite(a)  # (non-finite values are the reader's error to report)
+        if env is None:
+            parts = [(None, keep)]
+        else:
+            e = as_numpy(env, "env", d.shape[0])
+            parts = [(k.item() if hasattr(k, "item") else k, keep & (e == k)) for k in np.unique(e[keep])]
+        for key, sel in parts:
+            if not sel.any():
+                continue
+            self._delta.setdefault(key, []).append(d[sel] if not sel.all() else d.copy())
+            self._adv.setdefault(key, []).append(np.unique(a[sel], return_counts=True))
+
+    def finalize(self) -> dict[Any, RankEdges]:
+        """Edges per environment (the lists are released as they are used)."""
+        out: dict[Any, RankEdges] = {}
+        for key in list(self._delta):
+            parts = self._delta.pop(key)
+            d = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            del parts
+            d.sort()
+            de, dtop, dzero = _edges(d, None, self.grid)
+            n = d.size
+            del d
+            av = self._adv.pop(key)
+            vals, inv = np.unique(np.concatenate([v for v, _ in av]), return_inverse=True)
+            cnt = np.bincount(inv.reshape(-1), weights=np.concatenate([c for _, c in av]), minlength=vals.size)
+            ae, atop, azero = _edges(vals, cnt.astype(np.int64), self.grid)
+            out[key] = RankEdges(n=n, delta=de, advantage=ae, delta_top=dtop, advantage_top=atop,
+                                 zero_rank={"delta": dzero, "advantage": azero})
+        return out
 
 
 def _kernel_matrix(bandwidth: float, grid: int) -> np.ndarray:
@@ -163,154 +289,218 @@ class LandscapeResult:
 
 
 class LandscapeAccumulator:
-    """Collect (delta, advantage, weights, env) batch by batch for :func:`landscape`.
+    """The landscape batch by batch: grid sums and per-turn region sums, a few floats per turn.
 
-    Mid-ranks are pooled over all batches of an environment, so the token columns
-    are kept (about 28 bytes per valid token).
+    Given the environments' :class:`RankEdges` (``ranks``, from a first pass such as
+    :class:`LandscapeRanks` over the same tokens), :meth:`add` reduces each batch at once
+    to per-cell sums and per-turn sums (streaming: memory does not grow with tokens).
+    Without ``ranks`` the batches are kept compactly (values, weights and a turn index,
+    about 30 bytes per valid token) and replayed through the same reduction at
+    :meth:`finalize`, after the edges are computed from them: the same numbers.
     """
 
-    def __init__(self, *, grid: int = LANDSCAPE_GRID, base_name: str = "sdar", compare_name: str = "icsd"):
+    def __init__(self, *, grid: int = LANDSCAPE_GRID, base_name: str = "sdar", compare_name: str = "icsd",
+                 ranks: Mapping[Any, RankEdges] | None = None):
         if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or grid < 1:
             raise ValueError(f"grid must be a positive integer, got {grid!r}")
         self.grid = int(grid)
         self.base_name, self.compare_name = check_names(base_name, compare_name)
-        self._parts: list[tuple[np.ndarray, ...]] = []
-        self._envs = GroupCodes()
+        self.ranks = dict(ranks) if ranks is not None else None
+        self._pending: list[tuple[Any, ...]] = []  # batches kept until the edges are known
         self._rows = 0
         self._has_env: bool | None = None
+        G2 = self.grid * self.grid
+        self._cells: dict[Any, np.ndarray] = {}  # env -> (3, G*G): token count, base sum, compare sum
+        self._region_tokens: dict[Any, np.ndarray] = {}  # env -> tokens in each region
+        self._turn: dict[str, list[np.ndarray]] = {k: [] for k in ("batch", "env", "sums")}
+        self._G2 = G2
 
     def add(self, tokens: Tokens, weights: Weights, *, env: Any = None) -> None:
         """Add the tokens of one or more batches and their weightings (``env`` for all batches or none)."""
         _check_weight_names(weights, self.base_name, self.compare_name)
-        delta, advantage, valid, base, compare = tokens.delta, tokens.advantage, tokens.valid, weights.base, weights.compare
-        d = as_numpy(delta, "delta")
+        d = as_numpy(tokens.delta, "delta")
         n = d.shape[0]
-        a = as_numpy(advantage, "advantage", n)
+        a = as_numpy(tokens.advantage, "advantage", n)
         # action-turn ids for the region bootstrap (batch, trajectory, turn)
         bid = np.zeros(n, dtype=np.int64) if tokens.batch_id is None else as_numpy(tokens.batch_id, "batch_id", n)
         tid = as_numpy(tokens.traj_id, "traj_id", n)
         uid = as_numpy(tokens.turn_id, "turn_id", n)
-        wb = as_numpy(base, self.base_name, n)
-        wc = as_numpy(compare, self.compare_name, n)
+        wb = as_numpy(weights.base, self.base_name, n)
+        wc = as_numpy(weights.compare, self.compare_name, n)
         has_env = env is not None
         if self._has_env is not None and self._has_env != has_env:
             raise ValueError("env must be given for every batch or for none")
         self._has_env = has_env
-        e = self._envs.encode(as_numpy(env, "env", n) if has_env else np.zeros(n, dtype=np.int64))
+        e = as_numpy(env, "env", n) if has_env else None
         rows = None
-        if valid is not None:
-            k = as_numpy(valid, "valid", n).astype(bool)
+        if tokens.valid is not None:
+            k = as_numpy(tokens.valid, "valid", n).astype(bool)
             if not k.all():
                 rows = np.flatnonzero(k)
-                d, a, wb, wc, e = d[rows], a[rows], wb[rows], wc[rows], e[rows]
-                bid, tid, uid = bid[rows], tid[rows], uid[rows]
-        for name, x, nonneg in (("delta", d, False), ("advantage", a, False), (self.base_name, wb, True), (self.compare_name, wc, True)):
+                d, a, wb, wc, bid, tid, uid = (x[rows] for x in (d, a, wb, wc, bid, tid, uid))
+                e = None if e is None else e[rows]
+        for name, x, nonneg in (("delta", d, False), ("advantage", a, False), (self.base_name, wb, True),
+                                (self.compare_name, wc, True)):
             check_finite(name, x, nonnegative=nonneg, offset=self._rows, rows=rows)
         self._rows += n
-        self._parts.append((d, a, wb.astype(np.float64), wc.astype(np.float64), e,
-                            np.asarray(bid, dtype=np.int64), np.asarray(tid, dtype=np.int64),
-                            np.asarray(uid, dtype=np.int64)))
+        if d.size == 0:
+            return
+        part = (d, a, wb.astype(np.float64), wc.astype(np.float64), e, bid, tid, uid)
+        if self.ranks is None:
+            self._pending.append(part)
+        else:
+            self._reduce(*part)
 
-    def finalize(self, *, bandwidth: float = SMOOTHING_BANDWIDTH, n_resamples: int = 10_000,
-                 confidence_level: float = 0.95, rng: Any = None) -> LandscapeResult:
-        """The grids, their smoothed intensity and the region multipliers (``n_resamples=0``: no regions)."""
-        if not self._parts or sum(p[0].size for p in self._parts) == 0:
-            raise ValueError("no valid tokens for the landscape")
-        if not (isinstance(bandwidth, (int, float)) and bandwidth > 0):
-            raise ValueError(f"bandwidth must be > 0 (scaled-rank units), got {bandwidth!r}")
-        d, a, wb, wc, e, bid, tid, uid = (np.concatenate([p[i] for p in self._parts]) for i in range(8))
-        rank, values = self._envs.order()
-        er = rank[e]
-        envs: dict[Any, LandscapeGrid] = {}
-        code_of: dict[Any, int] = {}
+    def _reduce(self, d: np.ndarray, a: np.ndarray, wb: np.ndarray, wc: np.ndarray, e: np.ndarray | None,
+                bid: np.ndarray, tid: np.ndarray, uid: np.ndarray) -> None:
+        """Cell sums and per-turn region sums of one batch's valid tokens."""
         G = self.grid
-        for k, val in enumerate(values):
-            sel = np.flatnonzero(er == k)
-            if sel.size == 0:
-                continue
-            i = midrank_bins(d[sel], G)
-            j = midrank_bins(a[sel], G)
-            cell = i * G + j
-            counts = np.bincount(cell, minlength=G * G).reshape(G, G)
-            inten, means, smoothed = {}, {}, {}
-            for name, w in ((self.base_name, wb[sel]), (self.compare_name, wc[sel])):
-                s = np.bincount(cell, weights=w, minlength=G * G).reshape(G, G)
-                mean_all = float(w.sum()) / sel.size
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    inten[name] = np.where(counts > 0, (s / np.maximum(counts, 1)) / mean_all, np.nan)
-                    smoothed[name] = (smooth_intensity(s, counts, mean_all, bandwidth=bandwidth) if mean_all > 0
-                                      else np.full((G, G), np.nan))
-                means[name] = mean_all
-            key = val if self._has_env else None
-            code_of[key] = k
-            zero = {
-                name: (float((x < 0).sum()) + 0.5 * float((x == 0).sum())) / sel.size
-                for name, x in (("delta", d[sel]), ("advantage", a[sel]))
-            }
-            envs[key] = LandscapeGrid(
-                env=key, n_tokens=int(sel.size), grid=G, intensity=inten, mean=means,
-                density=counts / sel.size, counts=counts, zero_rank=zero, smoothed=smoothed,
-            )
-        if n_resamples:
-            regions = self._regions(d, a, wb, wc, er, bid, tid, uid, list(envs), n_resamples=n_resamples,
-                                    confidence_level=confidence_level, rng=rng)
-            envs = {key: _with_regions(g, regions.get(code_of[key])) for key, g in envs.items()}
-        smoothing = {"kernel": "gaussian", "bandwidth": float(bandwidth), "units": "scaled mid-rank",
-                     "truncate": SMOOTHING_TRUNCATE, "estimator": "Nadaraya-Watson on the grid"}
-        return LandscapeResult(self.base_name, self.compare_name, G, envs, smoothing=smoothing)
+        keys = [None] if e is None else [k.item() if hasattr(k, "item") else k for k in np.unique(e)]
+        cell = np.empty(d.size, np.int64)
+        ts = np.empty(d.size, bool)
+        to = np.empty(d.size, bool)
+        ecode = np.zeros(d.size, np.int64)
+        for code, key in enumerate(keys):
+            sel = slice(None) if e is None else (e == key)
+            r = self.ranks.get(key) if self.ranks is not None else None
+            if r is None:
+                raise ValueError(f"no rank edges for environment {key!r}: the first pass did not see it")
+            dk, ak = d[sel], a[sel]
+            cell[sel] = np.searchsorted(r.delta, dk, side="right") * G + np.searchsorted(r.advantage, ak, side="right")
+            top = dk >= r.delta_top
+            ts[sel] = top & (ak >= r.advantage_top) & (dk > 0) & (ak > 0)
+            to[sel] = top & (dk > 0) & (ak < 0)
+            ecode[sel] = code
+            c = cell[sel]
+            acc = self._cells.setdefault(key, np.zeros((3, self._G2)))
+            acc[0] += np.bincount(c, minlength=self._G2)
+            acc[1] += np.bincount(c, weights=wb[sel], minlength=self._G2)
+            acc[2] += np.bincount(c, weights=wc[sel], minlength=self._G2)
+            self._region_tokens[key] = self._region_tokens.get(key, 0) + np.array([ts[sel].sum(), to[sel].sum()])
+        one = np.ones(d.size)
+        cols = [one, wb, wc] + [np.where(m, x, 0.0) for m in (ts, to) for x in (one, wb, wc)]
+        cid = ClusterIndex(bid, tid, uid, ecode) if e is not None else ClusterIndex(bid, tid, uid)
+        self._turn["batch"].append(bid[cid.first])
+        self._turn["env"].append(np.array(keys, dtype=object)[ecode[cid.first]] if e is not None
+                                 else np.zeros(cid.n, np.int64))
+        self._turn["sums"].append(np.stack([cid.sum(c) for c in cols]))
 
-    def _regions(self, d: np.ndarray, a: np.ndarray, wb: np.ndarray, wc: np.ndarray, er: np.ndarray, bid: np.ndarray,
-                 tid: np.ndarray, uid: np.ndarray, keys: list, *, n_resamples: int, confidence_level: float,
-                 rng: Any) -> dict[int, dict[str, RegionMultiplier]]:
-        """Region multipliers per environment (index into ``keys``), one stratified turn bootstrap for all."""
-        n = d.size
-        present = [k for k in range(int(er.max()) + 1) if (er == k).any()]
-        qt, qr = np.empty(n), np.empty(n)
-        for k in present:
-            sel = er == k
-            qt[sel], qr[sel] = scaled_midranks(d[sel]), scaled_midranks(a[sel])
-        masks = {
-            "trusted_supported": (qt >= REGION_QUANTILE) & (qr >= REGION_QUANTILE) & (d > 0) & (a > 0),
-            "trusted_opposed": (qt >= REGION_QUANTILE) & (d > 0) & (a < 0),
-        }
-        # one cluster per (environment, batch, trajectory, turn); per-cluster sums
-        _, cl = np.unique(np.stack([er, bid, tid, uid]), axis=1, return_inverse=True)
-        cl = cl.reshape(-1)
-        m = int(cl.max()) + 1
-        one = np.ones(n)
-        cols = [one, wb, wc] + [x * masks[r] for r in masks for x in (one, wb, wc)]
-        S = np.stack([np.bincount(cl, weights=c, minlength=m) for c in cols], axis=1)
-        first = np.zeros(m, dtype=np.int64)
-        first[cl[::-1]] = np.arange(n)[::-1]
+    def _flush(self) -> None:
+        """Without a first pass: edges from the kept batches, then their reduction (in input order)."""
+        if self.ranks is not None:
+            return
+        ranks = LandscapeRanks(grid=self.grid)
+        for d, a, _, _, e, *_ in self._pending:
+            ranks.add(d, a, env=e)
+        self.ranks = ranks.finalize()
+        pending, self._pending = self._pending, []
+        for part in pending:
+            self._reduce(*part)
+
+    def families(self) -> list[tuple[str, RatioFamily]]:
+        """The region multipliers' bootstrap request (empty without tokens in a region's environment)."""
+        self._flush()
+        if not self._turn["sums"]:
+            raise ValueError("no valid tokens for the landscape")
+        S = np.concatenate(self._turn["sums"], axis=1)  # (9, turns)
+        env = np.concatenate(self._turn["env"])
+        batch = np.concatenate(self._turn["batch"])
         # ratios: region token share, region mass share (base, compare) per region
         num, den = [], []
-        for j in range(len(masks)):
+        for j in range(2):
             c0 = 3 + 3 * j
             num += [c0, c0 + 1, c0 + 2]
             den += [0, 1, 2]
-        res = bootstrap_ratio_columns(S, num, den, strata=bid[first], groups=er[first], n_resamples=n_resamples,
-                                      confidence_level=confidence_level, rng=rng, keep_replicates=True)
-        reps = np.asarray(res.replicates, dtype=np.float64)  # (R, groups, 3 * regions)
-        est = np.asarray(res.estimate, dtype=np.float64)
-        out: dict[int, dict[str, RegionMultiplier]] = {}
-        for gi, gval in enumerate(res.groups):
-            regs: dict[str, RegionMultiplier] = {}
-            for j, name in enumerate(masks):
-                ts, mb, mc = (3 * j, 3 * j + 1, 3 * j + 2)
+        self._env_of_turn = env
+        return [("landscape", RatioFamily(S.T, num, den, strata=batch, groups=_sortable(env)))]
+
+    def grids(self, *, bandwidth: float = SMOOTHING_BANDWIDTH) -> dict[Any, LandscapeGrid]:
+        """Every environment's grid (sorted by environment), smoothed, without regions."""
+        self._flush()
+        if not self._cells:
+            raise ValueError("no valid tokens for the landscape")
+        if not (isinstance(bandwidth, (int, float)) and bandwidth > 0):
+            raise ValueError(f"bandwidth must be > 0 (scaled-rank units), got {bandwidth!r}")
+        G = self.grid
+        envs: dict[Any, LandscapeGrid] = {}
+        for key in _sorted_keys(self._cells):
+            cells = self._cells[key]
+            counts = cells[0].astype(np.int64).reshape(G, G)
+            n = int(counts.sum())
+            inten, means, smoothed = {}, {}, {}
+            for name, s in ((self.base_name, cells[1].reshape(G, G)), (self.compare_name, cells[2].reshape(G, G))):
+                mean_all = float(s.sum()) / n
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    rep = np.stack([reps[:, gi, mb] / reps[:, gi, ts], reps[:, gi, mc] / reps[:, gi, ts],
-                                    reps[:, gi, mc] / reps[:, gi, mb]], axis=1)
-                    e3 = np.array([est[gi, mb] / est[gi, ts], est[gi, mc] / est[gi, ts], est[gi, mc] / est[gi, mb]])
-                rep = np.where(np.isfinite(rep), rep, np.nan)
-                e3 = np.where(np.isfinite(e3), e3, np.nan)
-                low, high, se, _ = _summarize(rep, e3, confidence_level)
-                br = [BootstrapResult(float(e3[i]), float(low[i]), float(high[i]), float(se[i]), int(n_resamples),
-                                      float(confidence_level), "percentile", "action-turn") for i in range(3)]
-                sel = er == int(gval)
-                regs[name] = RegionMultiplier(region=name, n_tokens=int(masks[name][sel].sum()),
-                                              token_share=float(est[gi, ts]), base=br[0], compare=br[1], ratio=br[2])
-            out[int(gval)] = regs
-        return out
+                    inten[name] = np.where(counts > 0, (s / np.maximum(counts, 1)) / mean_all, np.nan)
+                smoothed[name] = (smooth_intensity(s, counts, mean_all, bandwidth=bandwidth) if mean_all > 0
+                                  else np.full((G, G), np.nan))
+                means[name] = mean_all
+            envs[key] = LandscapeGrid(env=key, n_tokens=n, grid=G, intensity=inten, mean=means,
+                                      density=counts / n, counts=counts, zero_rank=dict(self.ranks[key].zero_rank),
+                                      smoothed=smoothed)
+        return envs
+
+    def result(self, grids: Mapping[Any, LandscapeGrid], raw: RatioBootstrapResult | None, *,
+               bandwidth: float = SMOOTHING_BANDWIDTH) -> LandscapeResult:
+        """The result from :meth:`grids` and the bootstrap of :meth:`families` (None: no regions)."""
+        if raw is not None:
+            regions = _regions(raw, self._env_of_turn, self._region_tokens)
+            grids = {key: _with_regions(g, regions.get(key)) for key, g in grids.items()}
+        smoothing = {"kernel": "gaussian", "bandwidth": float(bandwidth), "units": "scaled mid-rank",
+                     "truncate": SMOOTHING_TRUNCATE, "estimator": "Nadaraya-Watson on the grid"}
+        return LandscapeResult(self.base_name, self.compare_name, self.grid, grids, smoothing=smoothing)
+
+    def finalize(self, *, bandwidth: float = SMOOTHING_BANDWIDTH, n_resamples: int = 10_000,
+                 confidence_level: float = 0.95, rng: Any = None, workers: int = 1) -> LandscapeResult:
+        """The grids, their smoothed intensity and the region multipliers (``n_resamples=0``: no regions)."""
+        grids = self.grids(bandwidth=bandwidth)
+        raw = None
+        if n_resamples:
+            (_, fam), = self.families()
+            raw, = bootstrap_ratio_families([fam], n_resamples=n_resamples, confidence_level=confidence_level,
+                                            rng=rng, workers=workers, keep_replicates=True)
+        return self.result(grids, raw, bandwidth=bandwidth)
+
+
+def _sorted_keys(d: Mapping[Any, Any]) -> list[Any]:
+    try:
+        return sorted(d)
+    except TypeError:
+        return list(d)
+
+
+def _sortable(env: np.ndarray) -> np.ndarray:
+    """Per-turn environment as integer ranks in sorted order of the environments (None: all 0)."""
+    keys = _sorted_keys(dict.fromkeys(env.tolist()))
+    rank = {k: i for i, k in enumerate(keys)}
+    return np.array([rank[k] for k in env.tolist()], dtype=np.int64) if env.dtype == object else env
+
+
+def _regions(raw: RatioBootstrapResult, env_of_turn: np.ndarray, region_tokens: Mapping[Any, np.ndarray]
+             ) -> dict[Any, dict[str, RegionMultiplier]]:
+    """Region multipliers per environment from the bootstrap of the per-turn region sums."""
+    keys = _sorted_keys(region_tokens) if env_of_turn.dtype == object else [None]
+    reps = np.asarray(raw.replicates, dtype=np.float64)  # (R, groups, 3 * regions)
+    est = np.asarray(raw.estimate, dtype=np.float64)
+    cl = raw.confidence_level
+    out: dict[Any, dict[str, RegionMultiplier]] = {}
+    for gi, gval in enumerate(raw.groups):
+        regs: dict[str, RegionMultiplier] = {}
+        for j, name in enumerate(LANDSCAPE_REGIONS):
+            ts, mb, mc = (3 * j, 3 * j + 1, 3 * j + 2)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rep = np.stack([reps[:, gi, mb] / reps[:, gi, ts], reps[:, gi, mc] / reps[:, gi, ts],
+                                reps[:, gi, mc] / reps[:, gi, mb]], axis=1)
+                e3 = np.array([est[gi, mb] / est[gi, ts], est[gi, mc] / est[gi, ts], est[gi, mc] / est[gi, mb]])
+            rep = np.where(np.isfinite(rep), rep, np.nan)
+            e3 = np.where(np.isfinite(e3), e3, np.nan)
+            low, high, se, _ = _summarize(rep, e3, cl)
+            br = [BootstrapResult(float(e3[i]), float(low[i]), float(high[i]), float(se[i]), raw.n_resamples,
+                                  float(cl), "percentile", "action-turn") for i in range(3)]
+            regs[name] = RegionMultiplier(region=name, n_tokens=int(region_tokens[keys[int(gval)]][j]),
+                                          token_share=float(est[gi, ts]), base=br[0], compare=br[1], ratio=br[2])
+        out[keys[int(gval)]] = regs
+    return out
 
 
 def _with_regions(g: LandscapeGrid, regions: Mapping[str, RegionMultiplier] | None) -> LandscapeGrid:

@@ -19,8 +19,9 @@ import numpy as np
 from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
+from icsd_audit.stats.landscape import LandscapeRanks
 
-__all__ = ["AuditRequest", "run_audit", "run_landscape", "BY_COLUMNS"]
+__all__ = ["AuditRequest", "run_audit", "run_landscape", "landscape_ranks", "BY_COLUMNS"]
 
 BY_COLUMNS = ("step", "env", "task")
 
@@ -74,11 +75,34 @@ def run_audit(
                         rng=req.seed, workers=req.workers)
 
 
+def landscape_ranks(reader: DumpReader, grid: int) -> dict:
+    """The landscape's first pass: every environment's exact mid-rank edges from delta and advantage alone.
+
+    Reads only ``delta``, ``advantage``, ``valid`` and ``env`` (no allocation), 4 bytes per
+    valid token of delta kept until the edges are cut (the advantages, constant over a
+    turn, as distinct values per row group); the checked stream comes after.
+    """
+    ranks = LandscapeRanks(grid=grid)
+    for table in reader.column_groups(["delta", "advantage", "valid", "env"]):
+        names = table.column_names
+        ranks.add(table.column("delta").to_numpy(), table.column("advantage").to_numpy(),
+                  env=table.column("env").to_numpy(zero_copy_only=False) if "env" in names else None,
+                  valid=table.column("valid").to_numpy(zero_copy_only=False) if "valid" in names else None)
+    return ranks.finalize()
+
+
 def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int = 20) -> LandscapeResult:
-    """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it)."""
+    """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
+
+    Two passes: the exact mid-rank edges from the values (:func:`landscape_ranks`),
+    then the allocated batches reduced to grid sums and per-turn region sums as they
+    stream, so memory stays a few floats per turn plus 4 bytes per token during the
+    first pass.
+    """
     reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
-    acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator)
+    acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
+                               ranks=landscape_ranks(reader, grid))
     for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
         acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
-    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level,
-                        rng=np.random.default_rng(req.seed))
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
+                        workers=req.workers)

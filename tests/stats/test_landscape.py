@@ -168,3 +168,74 @@ def test_existing_landscape_json_keys_unchanged():
         assert set(g) - {"env", "n_tokens", "grid", "intensity", "mean", "density", "counts", "zero_rank"} == {
             "smoothed_intensity", "regions"}
     json.dumps(new, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- exact ranks from a first pass
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rank_edges_give_the_midrank_bins_and_region_thresholds(seed):
+    from icsd_audit.stats.landscape import LandscapeRanks, scaled_midranks
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    # big ties, exact zeros, float32 values, a few distinct ones
+    x = rng.choice(np.r_[rng.normal(size=40), 0.0, -1.5, 2.0], n).astype(np.float32)
+    x[rng.random(n) < 0.3] = rng.normal(size=int((rng.random(n) < 0.3).sum()) or 1)[0]
+    a = rng.choice([-1.0, 0.0, 0.5, 3.0], n)
+    ranks = LandscapeRanks(grid=int(rng.integers(1, 30)))
+    for part in np.array_split(np.arange(n), 5):  # several batches
+        ranks.add(x[part], a[part])
+    e = ranks.finalize()[None]
+    G = ranks.grid
+    for vals, edges, top, name in ((x, e.delta, e.delta_top, "delta"), (a, e.advantage, e.advantage_top, "advantage")):
+        assert np.array_equal(np.searchsorted(edges, vals, side="right"), stats.midrank_bins(vals, G))
+        assert np.array_equal(vals >= top, scaled_midranks(vals) >= 0.8)
+        assert e.zero_rank[name] == (float((vals < 0).sum()) + 0.5 * float((vals == 0).sum())) / n
+    assert e.n == n
+
+
+def ref_regions(d, w, env=None):
+    """The region multipliers' point estimates by the definition: scaled mid-ranks of all the env's tokens."""
+    from icsd_audit.stats.landscape import scaled_midranks
+
+    sel = d["valid"] & (True if env is None else d["env"] == env)
+    dl, a, x = d["delta"][sel], d["advantage"][sel], d[w][sel].astype(np.float64)
+    qt, qr = scaled_midranks(dl), scaled_midranks(a)
+    regions = {"trusted_supported": (qt >= 0.8) & (qr >= 0.8) & (dl > 0) & (a > 0),
+               "trusted_opposed": (qt >= 0.8) & (dl > 0) & (a < 0)}
+    return {k: (int(m.sum()), (x[m].sum() / m.sum()) / (x.sum() / x.size) if m.any() else np.nan)
+            for k, m in regions.items()}
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_streamed_landscape_equals_the_definition_and_the_in_memory_path(seed):
+    from icsd_audit.stats.landscape import LandscapeAccumulator, LandscapeRanks
+
+    d = make_tokens(seed, n_batches=5)
+    parts = []
+    for b in np.unique(d["batch_id"]):
+        s = d["batch_id"] == b
+        tokens, weights, _ = split_call({k: v[s] for k, v in d.items()})
+        parts.append((tokens, weights, d["env"][s]))
+    ranks = LandscapeRanks(grid=6)  # the first pass: values only
+    for tokens, _, env in parts:
+        ranks.add(tokens.delta, tokens.advantage, env=env, valid=tokens.valid)
+    streamed = LandscapeAccumulator(grid=6, ranks=ranks.finalize())
+    kept = LandscapeAccumulator(grid=6)
+    for tokens, weights, env in parts:
+        streamed.add(tokens, weights, env=env)
+        kept.add(tokens, weights, env=env)
+    a = streamed.finalize(n_resamples=300, rng=4, workers=2).to_dict()
+    assert a == kept.finalize(n_resamples=300, rng=4).to_dict()
+    res = streamed.finalize(n_resamples=300, rng=4)
+    for env, g in res.envs.items():
+        ref, dens = ref_landscape(d, "c", 6, env)
+        np.testing.assert_allclose(g.intensity["icsd"], ref, rtol=1e-12)
+        assert np.array_equal(g.counts, np.round(dens * g.n_tokens).astype(int))
+        for w, side in (("g", "base"), ("c", "compare")):
+            for name, (count, mult) in ref_regions(d, w, env).items():
+                r = g.regions[name]
+                assert r.n_tokens == count
+                got = getattr(r, side).estimate
+                assert (np.isnan(mult) and np.isnan(got)) or got == pytest.approx(mult, rel=1e-12)
