@@ -47,7 +47,7 @@ class OutputError(ValueError):
 def _input_files(inputs: Sequence[str | Path]) -> list[Path]:
     from icsd_audit.dumps.reader import resolve_paths
 
-    return resolve_paths(inputs)
+    return resolve_paths(inputs) if inputs else []  # [] for commands whose inputs are not dumps (icsd compare)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
 
-__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS"]
+__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "html_table",
+           "page_css"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -266,6 +267,16 @@ def _html_table(t_title: str, headers: Sequence[str], rows: Sequence[Sequence[st
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     out = f"<table><caption>{e(t_title)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     return out + (f"<p class=\"note\">{e(note)}</p>" if note else "")
+
+
+#: Shared with the other self-contained pages (``icsd compare``), so every page of the toolkit looks alike.
+md_table = _md_table
+html_table = _html_table
+
+
+def page_css() -> str:
+    """The inline stylesheet of the toolkit's HTML pages."""
+    return _CSS
 
 
 def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
