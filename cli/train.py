@@ -175,6 +175,9 @@ def train_cmd(
     weights_only: bool = typer.Option(
         False, "--weights-only", help="Checkpoints without AdamW state (0.54 GB instead of 1.6 GB; a resume restarts AdamW)."),
     plain: bool = typer.Option(False, "--plain", help="Plain log lines instead of a progress bar (the default when stderr is not a terminal)."),
+    report_to: Optional[str] = typer.Option(
+        None, "--report-to", help="Also log every step's metrics and the config to trackers: tensorboard, mlflow, "
+        "trackio, wandb (comma-separated; local stores; each needs its extra, e.g. pip install 'icsd-audit\\[tensorboard]')."),
     engine: str = typer.Option(
         "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO only: --adv grpo; "
         "icsd-audit[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd-audit[verl]). See docs/engines.md."),
@@ -206,7 +209,8 @@ def train_cmd(
                                 allocator=allocator, trust=trust, distill_coef=distill_coef, seed=seed, device=device,
                                 eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
                                 sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
-                                weights_only=weights_only), resume=resume, resume_from=resume_from, overwrite=overwrite,
+                                weights_only=weights_only, report_to=report_to), resume=resume, resume_from=resume_from,
+                   overwrite=overwrite,
                    set_=set_, plain=plain, engine=engine)
     except Stopped as exc:
         line = exc.line(_resume_command()) if hasattr(exc, "line") else (
@@ -239,8 +243,11 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
                                      eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
-                                     checkpoint_optimizer=False if weights_only else None), set_)
+                                     report_to=o["report_to"], checkpoint_optimizer=False if weights_only else None), set_)
     from icsd_audit.outputs import check_not_input
+    from icsd_audit.runs.trackers import check_available, parse_report_to
+
+    check_available(parse_report_to(cfg.report_to))  # a missing tracker package: one line, before any loading
 
     if cfg.out_dir:
         check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")

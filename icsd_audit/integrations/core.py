@@ -50,6 +50,8 @@ __all__ = [
     "PaddedAllocation",
     "tcm",
     "tcm_sums",
+    "mechanism_sums",
+    "mechanism_metrics",
     "turn_ids_from_mask",
     "duplicate_rows",
     "allocate_padded",
@@ -300,6 +302,48 @@ def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) ->
     estimate; ``icsd audit tcm`` gives the same number on the dumps, with bootstrap intervals."""
     num, den = tcm_sums(w, u, delta, mask, eps)
     return num / den if den > 0 else float("nan")
+
+
+#: SPEC 6 sign regions of (delta, advantage), in icsd_audit.stats.results.REGIONS order.
+_REGIONS = ("pos_delta_pos_adv", "pos_delta_neg_adv", "neg_delta_pos_adv", "neg_delta_neg_adv", "neutral")
+
+
+def mechanism_sums(a: PaddedAllocation, advantage: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4
+                   ) -> dict[str, float]:
+    """Sums behind a step's mechanism metrics (:func:`mechanism_metrics`); they pool across mini-batches by addition.
+
+    Per weighting (``c`` deployed, ``g`` SDAR's trust): TCM numerator and denominator,
+    mass per SPEC 6 sign region and in all; plus the token and fallback-token counts.
+    """
+    m = mask.bool()
+    adv = advantage if advantage.dim() == 2 else advantage.view(-1, 1).expand_as(delta)
+    pos_d, neg_d, pos_a, neg_a = delta > 0, delta < 0, adv > 0, adv < 0
+    regions = {"pos_delta_pos_adv": pos_d & pos_a, "pos_delta_neg_adv": pos_d & neg_a,
+               "neg_delta_pos_adv": neg_d & pos_a, "neg_delta_neg_adv": neg_d & neg_a}
+    regions["neutral"] = ~(pos_d | neg_d) | ~(pos_a | neg_a)
+    out: dict[str, float] = {"tokens": float(m.sum()), "fallback": float((a.fallback.bool() & m).sum())}
+    for name, w in (("c", a.c), ("g", a.g)):
+        out[f"{name}/tcm_num"], out[f"{name}/tcm_den"] = tcm_sums(w, a.u, delta, m, eps)
+        out[f"{name}/mass"] = float(w[m].sum())
+        for r, sel in regions.items():
+            out[f"{name}/{r}"] = float(w[m & sel].sum())
+    return out
+
+
+def mechanism_metrics(sums: dict[str, float], prefix: str = "icsd/") -> dict[str, float]:
+    """``icsd/tcm`` (deployed c) and ``icsd/tcm_sdar`` (trust g), ``icsd/share/REGION`` and
+    ``icsd/share_sdar/REGION`` (SPEC 6 shares of all valid mass), ``icsd/c_mass`` and ``icsd/g_mass``
+    (total weight), ``icsd/fallback_share`` (share of tokens in the fallback set D) from pooled sums."""
+    def ratio(num: float, den: float) -> float:
+        return num / den if den > 0 else float("nan")
+
+    out = {f"{prefix}tcm": ratio(sums["c/tcm_num"], sums["c/tcm_den"]),
+           f"{prefix}tcm_sdar": ratio(sums["g/tcm_num"], sums["g/tcm_den"]),
+           f"{prefix}c_mass": sums["c/mass"], f"{prefix}g_mass": sums["g/mass"],
+           f"{prefix}fallback_share": ratio(sums["fallback"], sums["tokens"])}
+    for side, name in (("c", "share"), ("g", "share_sdar")):
+        out.update({f"{prefix}{name}/{r}": ratio(sums[f"{side}/{r}"], sums[f"{side}/mass"]) for r in _REGIONS})
+    return out
 
 
 # ------------------------------------------------------------------------------ loss

@@ -71,12 +71,20 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         "trainer.use_v1=true", "trainer.v1.trainer_mode=icsd_sync",
         f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nnodes}",
         f"trainer.total_training_steps={cfg.total_steps}", f"trainer.default_local_dir={cfg.out_dir}/checkpoints",
-        "trainer.logger=[console]", f"trainer.project_name=icsd", f"trainer.experiment_name={Path(cfg.out_dir).name}",
+        f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", f"trainer.project_name=icsd",
+        f"trainer.experiment_name={Path(cfg.out_dir).name}",
         f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
         f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
         f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
         f"+icsd.dump_dir={cfg.out_dir}/dumps", *icsd_adv,
     ]
+
+
+def _report_to(cfg: Any) -> tuple[str, ...]:
+    """``--report-to`` trackers (verl's ``trainer.logger`` backends of the same names carry the icsd/ metrics)."""
+    from icsd_audit.runs.trackers import parse_report_to
+
+    return parse_report_to(getattr(cfg, "report_to", None))
 
 
 def write_verl_command(cfg: Any, *, n_gpus: int = 1) -> Path:
@@ -86,8 +94,13 @@ def write_verl_command(cfg: Any, *, n_gpus: int = 1) -> Path:
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/usr/bin/env bash", "# written by `icsd train --engine verl` (docs/engines.md)", "set -euo pipefail",
-             "python -m verl.trainer.main_ppo \\"]
+    lines = ["#!/usr/bin/env bash", "# written by `icsd train --engine verl` (docs/engines.md)", "set -euo pipefail"]
+    # --report-to: verl's trackers write into the run folder unless the environment says otherwise
+    stores = {"tensorboard": ("TENSORBOARD_DIR", out.resolve() / "tensorboard"),
+              "mlflow": ("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve() / 'mlflow.db'}"),
+              "wandb": ("WANDB_MODE", "offline")}
+    lines += [f'export {var}="${{{var}:-{val}}}"' for name, (var, val) in stores.items() if name in _report_to(cfg)]
+    lines += ["python -m verl.trainer.main_ppo \\"]
     ovr = verl_overrides(cfg, n_gpus=n_gpus)
     lines += [f"    {shlex.quote(o)} \\" for o in ovr[:-1]] + [f"    {shlex.quote(ovr[-1])}", ""]
     path = out / "verl_command.sh"
@@ -122,7 +135,13 @@ def run_verl(cfg: Any) -> Path:
     if missing:
         raise EngineUnavailable(f"icsd train --engine verl {missing}")
     path = write_verl_command(cfg, n_gpus=n)
+    from icsd_audit.runs.manifest import RunManifest
+
+    manifest = RunManifest(cfg.out_dir, config=cfg.to_dict(), engine="verl", seed=cfg.seed,
+                           total_steps=cfg.total_steps).start()
     subprocess.run(["bash", str(path)], check=True)
+    manifest.step(cfg.total_steps)  # verl returned success: every step ran (it logs them itself)
+    manifest.finish()
     return path
 
 
@@ -153,6 +172,8 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
 
     from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer
     from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
+    from icsd_audit.runs.recorder import manifest_callback
+    from icsd_audit.runs.trackers import hf_report_to
     from icsd_audit.train.loop import _default_env_factory, draw_tasks, load_policy, resolve_precision
     from icsd_audit.train.models import resolve_device, set_threads
     from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
@@ -195,7 +216,8 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
-                      bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations, report_to=[],
+                      bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,
+                      report_to=hf_report_to(_report_to(cfg), out),  # TRL's own trackers log its keys
                       logging_steps=1, save_strategy="no", dataloader_num_workers=0,
                       disable_tqdm=not sys.stderr.isatty())  # a log gets TRL's per-step records, not bar redraws
     policy: Any = model
@@ -205,7 +227,8 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
         tok.save_pretrained(policy)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; tested on 1.16
     common = dict(model=policy, processing_class=tok, reward_funcs=episode_reward, args=args,
-                  train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout)
+                  train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout,
+                  callbacks=[manifest_callback(cfg, engine="trl")])  # run.json
     if cfg.distill_enabled:
         icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
                           trust_beta=cfg.trust_beta, min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed,

@@ -47,7 +47,8 @@ from torch import Tensor
 
 # (not from .verl: that module registers this trainer when imported, so importing it here would be circular)
 from icsd_audit.integrations.core import (C_KEY, TEACHER_KEY, AllocationSettings, allocate_padded, dump_writer,
-                                          mini_batch_ids, tcm, tcm_sums, turn_ids_from_mask, write_dump)
+                                          mechanism_metrics, mechanism_sums, mini_batch_ids, tcm, tcm_sums,
+                                          turn_ids_from_mask, write_dump)
 from icsd_audit.integrations.verl_gigpo import Sessions, register_estimator, turn_anchors
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -146,6 +147,7 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
     c = torch.zeros(mask.shape, dtype=torch.float32)
     n_mini = 0
     sums = {"icsd": [0.0, 0.0], "sdar": [0.0, 0.0]}  # (numerator, denominator) pooled over mini-batches
+    mech: dict[str, float] = {}  # mechanism sums (TCM, sign-region mass, c/g mass, fallback), pooled likewise
     for k in np.unique(mini_batch):
         rows = torch.as_tensor(np.flatnonzero(mini_batch == k))
         bid = int(step) * 1000 + int(k)
@@ -156,6 +158,8 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
             num, den = tcm_sums(w, a.u, delta[rows], mask[rows], cfg.eps)
             sums[name][0] += num
             sums[name][1] += den
+        for key, v in mechanism_sums(a, advantage[rows], delta[rows], mask[rows], cfg.eps).items():
+            mech[key] = mech.get(key, 0.0) + v
         n_mini += 1
         if writer is not None:
             write_dump(writer, a, batch_id=bid, traj_id=traj_id[rows], advantage=advantage[rows], ratio=1.0,
@@ -164,6 +168,8 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
                               "step": torch.full((rows.numel(),), int(step))})
     metrics = {f"icsd/tcm_{name}": num / den if den > 0 else float("nan") for name, (num, den) in sums.items()}
     metrics["icsd/mini_batches"] = float(n_mini)
+    if mech:
+        metrics.update(mechanism_metrics(mech))  # verl's trainer.logger carries them (tensorboard, wandb, ...)
     return c, metrics
 
 

@@ -77,6 +77,8 @@ class TrainConfig:
     """Number of training steps (one rollout batch and its actor update each)."""
     threads: int | None = None
     """CPU threads for torch (None: $ICSD_THREADS, else 1; see icsd_audit.threads for why)."""
+    report_to: str = ""
+    """Experiment trackers that also get every step's metrics and the config: comma-separated tensorboard, mlflow, trackio, wandb (each an optional extra, local stores by default; docs/compare.md); '' or 'none': metrics.jsonl only."""
 
     # ------------------------------------------------------------------ model
     model: str = "embedded"
@@ -429,6 +431,12 @@ class TrainConfig:
             p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
                      "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
         p.extend(self._searchqa_problems())
+        try:
+            from icsd_audit.runs.trackers import parse_report_to
+
+            parse_report_to(self.report_to)
+        except ValueError as exc:
+            p.append(f"report_to={self.report_to!r}: {exc}")
         if p:
             raise ConfigError(p)
         return self

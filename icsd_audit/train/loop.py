@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from icsd_audit.envs import TextEnv, make_env
+from icsd_audit.runs.recorder import record_run
 from icsd_audit.train.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
 from icsd_audit.train.actor import Actor, StepData, make_distillation
 from icsd_audit.train.advantages import get_estimator
@@ -355,6 +356,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         set_rng_state(state["rng"])
     result = TrainResult(out_dir=out, start_step=start, next_step=start, metrics_path=log.path,
                          dumps_dir=None if writer is None else writer.out_dir, checkpoint=ckpt)
+    reporter = record_run(reporter, cfg, engine="builtin", start_step=start)  # run.json, --report-to trackers
     reporter.start(total_steps=cfg.total_steps, start_step=start, out_dir=str(out))
     if state and state.get("optimizer") is None:
         reporter.message(f"{ckpt} holds no optimizer state (checkpoint_optimizer=False): AdamW restarts from zero moments")

@@ -71,26 +71,40 @@ class MetricsLog:
 
 
 def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = 1e-4) -> dict[str, float]:
-    """TCM (SPEC 6) of one step's deployed tokens under the trust g and the coefficient c.
+    """TCM and sign-region shares (SPEC 6) of one step's deployed tokens under the trust g and the coefficient c.
 
-    Point estimates only (``icsd audit tcm`` adds bootstrap intervals); computed by
-    :func:`icsd_audit.stats.api.tcm` with one resample, so the definition lives in one place.
+    Keys: ``tcm`` / ``tcm_trust`` (under c / g), ``tcm_active_tokens``, and ``share/REGION`` /
+    ``share_trust/REGION`` for the regions of :data:`icsd_audit.stats.results.REGIONS`
+    (the per-step mechanism trajectory ``icsd compare`` draws).  Point estimates only
+    (``icsd audit tcm|quadrants`` add bootstrap intervals); computed by
+    :func:`icsd_audit.stats.api.tcm` and :func:`~icsd_audit.stats.api.quadrants` with one
+    resample, so the definitions live in one place.
     """
     if not arrays or arrays.get("c") is None or np.asarray(arrays["c"]).size == 0:
         return {}
-    from icsd_audit.stats.api import tcm
+    from icsd_audit.stats.api import quadrants, tcm
     from icsd_audit.tokens import Tokens, Weights
 
     a = {k: np.asarray(v) for k, v in arrays.items()}
     f64 = {k: a[k].astype(np.float64) for k in ("delta", "advantage", "ratio", "g", "c")}
     tokens = Tokens(advantage=f64["advantage"], ratio=f64["ratio"], delta=f64["delta"], traj_id=a["traj_id"],
                     turn_id=a["turn_id"], batch_id=a["batch_id"])
+    weights = Weights(f64["g"], f64["c"])
+    out: dict[str, float] = {}
     try:
-        res = tcm(tokens, Weights(f64["g"], f64["c"]), eps=eps, n_resamples=1, rng=0)
+        res = tcm(tokens, weights, eps=eps, n_resamples=1, rng=0)
+        out.update({"tcm": float(res.compare.estimate), "tcm_trust": float(res.base.estimate),
+                    "tcm_active_tokens": float(res.n_active_tokens)})
     except ValueError:
-        return {"tcm": float("nan"), "tcm_trust": float("nan"), "tcm_active_tokens": 0.0}
-    return {"tcm": float(res.compare.estimate), "tcm_trust": float(res.base.estimate),
-            "tcm_active_tokens": float(res.n_active_tokens)}
+        out.update({"tcm": float("nan"), "tcm_trust": float("nan"), "tcm_active_tokens": 0.0})
+    try:
+        q = quadrants(tokens, weights, n_resamples=1, rng=0)
+    except ValueError:
+        return out
+    for region, p in q.regions.items():
+        out[f"share/{region}"] = float(p.compare.estimate)
+        out[f"share_trust/{region}"] = float(p.base.estimate)
+    return out
 
 
 class Reporter(Protocol):
