@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from icsd_audit.runs import estimates as E
+import icsd_audit.runs.estimates as E
 from icsd_audit.runs.folders import Run
 from icsd_audit.stats.bootstrap import BootstrapResult
 

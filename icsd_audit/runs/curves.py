@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from icsd_audit.runs import estimates as E
+import icsd_audit.runs.estimates as E
 from icsd_audit.runs.folders import Run, Series
 
 __all__ = ["Curve", "group_curves", "MECHANISM_KEYS", "REGIONS", "dump_series", "series_of", "BAND_RESAMPLES"]
