@@ -189,7 +189,7 @@ def dump_series(run: Run, *, progress: Any = None) -> dict[str, Series]:
 
     folder = Path(run.path) / "dumps"
     cfg = run.config or {}
-    if not folder.is_dir() or not any(folder.glob("*.parquet")) or cfg.get("allocator") in (None, "none"):
+    if not folder.is_dir() or not any(folder.rglob("*.parquet")) or cfg.get("allocator") in (None, "none"):
         return {}
     common = dict(trust=cfg.get("trust", "laplace"), trust_beta=float(cfg.get("trust_beta", 5.0)),
                   min_group=int(cfg.get("min_group", 8)), eps=float(cfg.get("alloc_eps", 1e-4)),
