@@ -257,6 +257,10 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     if engine != "verl":  # verl brings its own environment (docs/engines.md)
         _check_env_data(cfg)
+    if engine == "trl":  # train() probes for the builtin engine
+        from icsd_audit.train.loop import check_services
+
+        check_services(cfg)
     if engine != "builtin":
         from icsd_audit.integrations import engines as eng
 
