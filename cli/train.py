@@ -282,6 +282,22 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
               + (f"; checkpoint [bold]{res.checkpoint}[/]" if res.checkpoint else ""), highlight=False, soft_wrap=True)
 
 
+def _probe_writable(out: Path) -> None:
+    """Create ``out``'s folder and a file in it (removed at once): permission checks alone pass for root."""
+    import tempfile
+
+    from icsd_audit.outputs import temp_prefix
+
+    from icsd_audit.outputs import OutputError
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=temp_prefix(out, "probe"), dir=out.parent):
+            pass
+    except OSError as exc:
+        raise OutputError(out, f"--out cannot be written: {exc.strerror or exc} ({exc.filename or out.parent})") from None
+
+
 @app.command("eval")
 @handle_errors
 def eval_cmd(
@@ -321,6 +337,7 @@ def eval_cmd(
 
         check_not_input(out, cfg.input_paths(), option="--out")
         check_output_file(out, [], option="--out")
+        _probe_writable(out)
     _check_env_data(cfg)
     from icsd_audit.train.loop import check_services
 

@@ -99,7 +99,7 @@ def move_aside(out: str | Path) -> Path:
 class _Lock:
     """An exclusive ``flock`` on ``folder/.icsd-run.lock``, held until :meth:`release`."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, note_pid: bool = True):
         import fcntl
 
         self.path = folder / LOCK_FILE
@@ -115,8 +115,9 @@ class _Lock:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
                 os.close(self.fd)
                 raise
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        if note_pid:  # for the message a second process gets
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -151,7 +152,7 @@ def open_run_folder(out: str | Path, *, resume: bool, overwrite: bool) -> Iterat
     out = Path(out)
     moved: Path | None = None
     if overwrite and held_run(out):
-        old = _Lock(out)  # no live run may be in the folder being moved
+        old = _Lock(out, note_pid=False)  # no live run may be in the folder being moved (left as it was)
         try:
             moved = move_aside(out)
         finally:

@@ -328,3 +328,30 @@ def test_synth_is_all_or_nothing(tmp_path: Path) -> None:
     assert res.exit_code == 0 and len(list(out.glob("*.parquet"))) == 3
     again = CliRunner().invoke(app, ["synth", str(out), "--tokens", "3000", "--batches", "3"])
     assert again.exit_code == 2 and "choose a new or empty directory" in again.output
+
+
+def test_eval_out_problems_are_reported_before_the_evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from icsd_audit.cli.main import app
+    from icsd_audit.train import eval as evaluation
+    from icsd_audit.train.models import tiny_random_causal_lm
+
+    monkeypatch.setattr(evaluation, "evaluate", lambda **kw: pytest.fail("evaluated before checking --out"))
+    model = tmp_path / "M"
+    m, tok = tiny_random_causal_lm(seed=0)
+    m.save_pretrained(str(model))
+    tok.save_pretrained(str(model))
+    before = _files(model)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    (tmp_path / "d").mkdir()
+    cases = {str(model / "config.json"): "--out lies inside the input model folder",
+             str(model): "--out is the input model folder",
+             str(tmp_path): "--out holds the input model folder",
+             str(blocker.parent / "d"): "--out is a directory",
+             str(blocker / "e.json"): "cannot be created: " + str(blocker) + " is not a directory"}
+    for out, want in cases.items():
+        res = CliRunner().invoke(app, ["eval", "--model", str(model), "--out", out, "--tasks", "1"])
+        assert res.exit_code == 2 and want in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert _files(model) == before
