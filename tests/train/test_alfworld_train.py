@@ -53,9 +53,9 @@ def test_missing_engine_is_one_line_with_the_install_command(monkeypatch, tmp_pa
     from icsd_audit.cli.main import app
 
     monkeypatch.setattr(engine, "engine_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"pip install 'icsd\[alfworld\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'icsd-audit\[alfworld\]'"):
         preset("cpu-demo-alfworld").validate()
-    with pytest.raises(engine.EngineMissingError, match=r"icsd\[alfworld\]"):
+    with pytest.raises(engine.EngineMissingError, match=r"icsd-audit\[alfworld\]"):
         engine.require_engine()
     res = CliRunner().invoke(app, ["train", "--env", "alfworld", "--model", "tiny-random", "--steps", "1",
                                    "--out", str(tmp_path / "run")])
