@@ -325,7 +325,7 @@ def test_cli_rejects_bad_user_files_with_one_line_and_exit_2(tmp_path):
 
 
 def test_kb_module_writes_search_r1_files(tmp_path, capsys):
-    from icsd_audit.envs.searchqa.kb import main
+    from icsd_audit.envs.searchqa.data import main
 
     main(["--out", str(tmp_path / "kb")])
     printed = capsys.readouterr().out.split()

@@ -15,6 +15,7 @@ counts rows).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -23,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from icsd_audit.dumps.reader import DumpError
 
-from .kb import SUBSETS, KnowledgeBase, QAItem
+from .kb import SUBSETS, KnowledgeBase, QAItem, builtin_kb
 
 __all__ = ["SearchQADataError", "read_qa_parquet", "iter_corpus", "write_searchr1", "SEARCH_R1_PREFIX"]
 
@@ -172,3 +173,17 @@ def write_searchr1(kb: KnowledgeBase, out_dir: str | Path) -> list[Path]:
         _atomic_write(path, lambda tmp, t=table: pq.write_table(t, tmp))
         paths.append(path)
     return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write the built-in KB as corpus.jsonl, train.parquet and test.parquet (Search-R1 formats)."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--out", required=True, help="Output folder (must not hold those files already).")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    paths = write_searchr1(builtin_kb(args.seed), args.out)
+    print("\n".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -28,13 +28,12 @@ As in Search-R1, the train split holds only ``nq`` and ``hotpotqa`` questions an
 test split all seven (125 each, Bamboogle's size); no question text occurs in both.
 The KB is generated in memory on first use (about a second; :func:`builtin_kb`) rather
 than shipped: it is a pure function of ``(KB_VERSION, seed)``, so there is no data file
-to keep in sync with the generator, and ``python -m icsd_audit.envs.searchqa.kb --out
+to keep in sync with the generator, and ``python -m icsd_audit.envs.searchqa.data --out
 DIR`` writes it in Search-R1's file formats for inspection or for other tools.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -336,19 +335,3 @@ def generate_kb(seed: int = 0) -> KnowledgeBase:
 def builtin_kb(seed: int = 0) -> KnowledgeBase:
     """The built-in KB, generated once per process."""
     return generate_kb(seed)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Write the built-in KB as corpus.jsonl, train.parquet and test.parquet (Search-R1 formats)."""
-    from .data import write_searchr1
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--out", required=True, help="Output folder (must not hold those files already).")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    paths = write_searchr1(builtin_kb(args.seed), args.out)
-    print("\n".join(str(p) for p in paths))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
