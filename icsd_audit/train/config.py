@@ -23,7 +23,8 @@ Presets:
 * ``paper-alfworld``: the ALFWorld column of Table A1: 16 tasks x 8 rollouts, 50 turns,
   prompt/response 2048/512 tokens, actor mini-batch 256 prompts (x 8 = 2048 turn rows),
   lr 1e-6, ratio clip 0.2, KL 0.01, lambda 0.01, 150 updates, validation on 128 held-out
-  games; GiGPO with gamma 0.95 and unit step weight.
+  games; GiGPO with gamma 0.95, unit step weight and ``mean_std_norm`` (verl-agent's
+  ALFWorld GiGPO script; WebShop's uses ``mean_norm``).
 * ``cpu-demo-alfworld``: ``cpu-demo`` on ALFWorld (3 turns, 1536-token prompts: the
   opening lists every receptacle and the admissible actions run to dozens).
 
@@ -144,7 +145,7 @@ class TrainConfig:
     step_weight: float = 1.0
     """GiGPO weight of the step-level advantage."""
     gigpo_mode: str = "mean_norm"
-    """GiGPO normalisation: 'mean_norm' or 'mean_std_norm'."""
+    """GiGPO normalisation: 'mean_norm' or 'mean_std_norm' (verl-agent's GiGPO scripts: mean_norm for WebShop, mean_std_norm for ALFWorld and Search; the paper-alfworld preset follows them)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False: Dr. GRPO)."""
 
@@ -515,6 +516,7 @@ def _paper_searchqa() -> TrainConfig:
         max_prompt_tokens=4096, max_response_tokens=512,
         mini_batch_rows=256 * 8, kl_coef=0.001, total_steps=200, eval_tasks=512,
         reward="score",
+        gigpo_mode="mean_std_norm",  # verl-agent's examples/gigpo_trainer/run_search.sh, line 10 (SDAR@aa18336)
     )
 
 
@@ -529,6 +531,9 @@ def _paper_alfworld() -> TrainConfig:
     return _paper().replace(
         out_dir="runs/paper-alfworld", env="alfworld", max_turns=50, max_prompt_tokens=2048,
         mini_batch_rows=256 * 8,
+        # verl-agent's examples/gigpo_trainer/run_alfworld.sh sets mode="mean_std_norm" (line 10 in
+        # SDAR's copy, jasonchen505/SDAR@aa18336; run_webshop.sh keeps mean_norm)
+        gigpo_mode="mean_std_norm",
     )
 
 
