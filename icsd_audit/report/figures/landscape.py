@@ -50,8 +50,11 @@ def smooth_density(density: np.ndarray) -> np.ndarray:
     Raw cell shares carry multinomial noise of order sqrt(share / n); contour lines
     traced through it wiggle around every cell.  One pass of the binomial filter
     (edge cells mirrored, so the total is preserved exactly) keeps the shape of real
-    concentrations, which span several cells.  Only the contours use it; the
-    colours show the unsmoothed intensity.
+    concentrations, which span several cells.  Only the density contours use this
+    filter.  The colours are another matter: by default (``landscape_figure(smoothed=True)``)
+    they show the locally smoothed intensity that :mod:`icsd_audit.stats.landscape`
+    computes with its Gaussian kernel (the paper's plotted quantity), and the raw bin
+    intensity only with ``smoothed=False`` or when the result carries no smoothed grid.
     """
     d = np.asarray(density, dtype=float)
     if d.ndim != 2 or min(d.shape) < 3:
