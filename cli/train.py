@@ -178,6 +178,9 @@ def train_cmd(
     report_to: Optional[str] = typer.Option(
         None, "--report-to", help="Also log every step's metrics and the config to trackers: tensorboard, mlflow, "
         "trackio, wandb (comma-separated; local stores; each needs its extra, e.g. pip install 'icsd-audit\\[tensorboard]')."),
+    policy: Optional[str] = typer.Option(
+        None, help="model (train it) or expert (the environment's expert plays the rollouts: advantages, metrics and "
+                   "turns.jsonl, no gradient; a check of the environment's rules and the source of warm-start data)."),
     engine: str = typer.Option(
         "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO only: --adv grpo; "
         "icsd-audit[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd-audit[verl]). See docs/engines.md."),
@@ -194,6 +197,8 @@ def train_cmd(
 
     Example: icsd train --engine verl --preset paper --model /models/Qwen2.5-1.5B-Instruct --out runs/verl
 
+    Expert rollouts (no gradient): icsd train --env searchqa --model tiny-random --policy expert --steps 1 --out runs/expert
+
     ALFWorld: icsd train --env alfworld --preset cpu-demo --out runs/alf (generated games; --set alfworld_data=PATH or $ALFWORLD_DATA for the official ones).
     """
     if list_fields:
@@ -209,8 +214,8 @@ def train_cmd(
                                 allocator=allocator, trust=trust, distill_coef=distill_coef, seed=seed, device=device,
                                 eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
                                 sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
-                                weights_only=weights_only, report_to=report_to), resume=resume, resume_from=resume_from,
-                   overwrite=overwrite,
+                                weights_only=weights_only, report_to=report_to, policy=policy), resume=resume,
+                   resume_from=resume_from, overwrite=overwrite,
                    set_=set_, plain=plain, engine=engine)
     except Stopped as exc:
         line = exc.line(_resume_command()) if hasattr(exc, "line") else (
@@ -243,7 +248,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
                                      eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
-                                     report_to=o["report_to"], checkpoint_optimizer=False if weights_only else None), set_)
+                                     report_to=o["report_to"], policy=o["policy"],
+                                     checkpoint_optimizer=False if weights_only else None), set_)
     from icsd_audit.outputs import check_not_input
     from icsd_audit.runs.trackers import check_available, parse_report_to
 
@@ -257,6 +263,17 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     if engine != "verl":  # verl brings its own environment (docs/engines.md)
         _check_env_data(cfg)
+    if cfg.policy != "model":
+        if engine != "builtin":
+            raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
+        from icsd_audit.train.metrics import PrintReporter
+        from icsd_audit.train.policy_run import play
+
+        played = play(cfg, reporter=PrintReporter())
+        stderr_console().print(f"done: {len(played.records)} step(s) played by the {cfg.policy}; metrics "
+                               f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
+                               highlight=False, soft_wrap=True)
+        return
     if engine == "trl":  # train() probes for the builtin engine
         from icsd_audit.train.loop import check_services
 
@@ -302,7 +319,9 @@ def _probe_writable(out: Path) -> None:
 @handle_errors
 def eval_cmd(
     model: str = typer.Option("embedded", help="Local HF model folder, a checkpoint folder, 'embedded' or 'tiny-random'."),
-    preset: str = typer.Option("cpu-demo", help="Prompt and rollout settings to evaluate with (paper or cpu-demo)."),
+    preset: Optional[str] = typer.Option(
+        None, help="Prompt and rollout settings to evaluate with: paper or cpu-demo (default: cpu-demo for a model; "
+                   "paper with --policy expert, whose episodes need the paper's turn budget)."),
     env: Optional[str] = typer.Option(
         None, help="Environment (built-in: webshop, searchqa, alfworld; alfworld: pip install 'icsd\\[alfworld]')."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
@@ -311,6 +330,9 @@ def eval_cmd(
     temperature: Optional[float] = typer.Option(None, help="Sampling temperature (0: greedy)."),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda, ..."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampling."),
+    policy: Optional[str] = typer.Option(
+        None, help="model (the --model's replies) or expert (each environment's expert: the goal path, ALFWorld's "
+                   "handcoded expert, Search-QA's oracle searches; checks the environment's rules, loads no weights)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the result as JSON here."),
     set_: List[str] = typer.Option([], "--set", help="Any config field: --set history_window=2 (repeatable)."),
 ) -> None:
@@ -321,17 +343,20 @@ def eval_cmd(
     Search-QA: icsd eval --env searchqa --model runs/sq/checkpoints/step-000200 --tasks 875
 
     ALFWorld: icsd eval --env alfworld --model runs/alf/checkpoints/step-000002 --tasks 128
+
+    The environment's expert: icsd eval --env webshop --policy expert --tasks 20
+
+    Skill-Prompt* (skills in the student's prompt): icsd eval --model DIR --set student_skills=eval
     """
     import json
 
     _require_train_extra("eval")
-    from icsd_audit.train.models import resolve_device, set_threads
-    from icsd_audit.train.eval import evaluate
-    from icsd_audit.train.loop import _default_env_factory, load_policy, resolve_precision
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.eval import evaluate_config
 
+    if preset is None:
+        preset = "paper" if policy == "expert" else "cpu-demo"
     cfg = _build_config(preset, dict(model=model, env=env, env_url=env_url, eval_tasks=tasks, max_turns=max_turns,
-                                     eval_temperature=temperature, device=device, seed=seed), set_)
+                                     eval_temperature=temperature, device=device, seed=seed, policy=policy), set_)
     if out is not None:  # before the evaluation: a bad --out fails in seconds, not after it
         from icsd_audit.outputs import check_not_input, check_output_file
 
@@ -342,18 +367,10 @@ def eval_cmd(
     from icsd_audit.train.loop import check_services
 
     check_services(cfg)
-    set_threads(cfg.threads)
-    dev = resolve_device(cfg.device)
-    policy, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
-    builder = PromptBuilder(tok, env=cfg.env, history_window=cfg.history_window, max_prompt_tokens=cfg.max_prompt_tokens,
-                            system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
-    factory = _default_env_factory(cfg)
-    res = evaluate(model=policy, tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.eval_split),
-                   n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
-                   temperature=cfg.eval_temperature, require_think=cfg.require_think, batch_rows=cfg.rollout_batch_rows,
-                   device=dev, seed=cfg.seed, split=cfg.eval_split, precision=resolve_precision(cfg.precision, dev))
+    res = evaluate_config(cfg)
     d = res.to_dict()
     d["model"] = cfg.model
+    d["policy"] = cfg.policy
     text = json.dumps(d, indent=2)
     if d.get("subsets"):  # the paper's table columns (percent), for a quick look
         cols = list(d["subsets"])

@@ -187,8 +187,7 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
     model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed)
     factory = _default_env_factory(cfg)
     probe = factory(cfg.train_split)
-    builder = PromptBuilder(tok, env=cfg.env, history_window=cfg.history_window, max_prompt_tokens=cfg.max_prompt_tokens,
-                            system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
+    builder = PromptBuilder.from_config(tok, cfg)
     steps = max_steps or cfg.total_steps
     # step s plays the built-in loop's tasks of step s: the dataset lists them in order and TRL does not
     # shuffle it. The rollout finds a task from its first prompt; tasks sharing a first prompt (3 of

@@ -56,7 +56,7 @@ import torch
 
 from icsd_audit.envs import TextEnv
 from icsd_audit.train.models import chat_prompt
-from icsd_audit.train.prompts import TurnContext, student_messages
+from icsd_audit.train.prompts import TurnContext, observation_content
 from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, Trajectory, TurnReferee, turn_context
 from icsd_audit.train.sampling import pad_and_stop_ids, sample
 
@@ -210,7 +210,7 @@ class EpisodeRollout:
         return batch.to_trl(self.invalid_penalty)
 
     def _user_content(self, ctx: TurnContext) -> str:
-        return student_messages(ctx, history_window=self.builder.history_window)[-1]["content"]
+        return observation_content(ctx, self.builder.history_window)
 
     def play(self, model: Any, tasks: Sequence[int], *, device: torch.device, group_size: int = 1) -> EpisodeBatch:
         """One episode per entry of ``tasks``, each to its end, ``max_turns`` turns or a context stop."""

@@ -119,7 +119,11 @@ class TrainConfig:
     invalid_penalty: float = 0.1
     """Subtracted from an action turn's score when the turn is invalid (verl-agent's invalid_action_penalty_coef)."""
     invalid_rule: str = "format"
-    """Which turns are invalid: 'format' (verl-agent: malformed reply only: missing <action> or, with require_think, <think> tags, or CJK text) or 'admissible' (also a well-formed but non-admissible action)."""
+    """Which turns are invalid: 'format' (the environment's reference rule for a malformed reply: verl-agent's for WebShop and ALFWorld, missing <action> or, with require_think, <think> tags, or CJK text; Search-QA's by searchqa_protocol) or 'admissible' (also a well-formed but non-admissible action)."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template as enable_thinking: False renders Qwen3's non-thinking mode (the paper's concise non-thinking interface, Table 3); None passes nothing (templates without the switch ignore it either way)."""
+    policy: str = "model"
+    """Who writes the replies: 'model' (the policy being trained) or 'expert' (each environment's expert: rollouts and evaluation only, no gradient; icsd train/eval --policy expert)."""
 
     # ------------------------------------------------------------------ rollout
     n_tasks: int = 16
@@ -246,6 +250,8 @@ class TrainConfig:
     """Search-QA: a running Search-R1 retrieval server (POST /retrieve), used instead of BM25."""
     retrieval_topk: int = 3
     """Search-QA: passages returned per search (Search-R1: 3)."""
+    searchqa_protocol: str = "search-r1"
+    """Search-QA: 'search-r1' (Search-R1's rollout: one growing context per episode, its prompt, its reply rule) or 'verl-agent' (verl-agent's search environment, as SDAR's scripts run it: the prompt rebuilt each turn with the last history_window steps, search_projection's reply rule). Both end at max_turns with a final-answer turn."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -261,6 +267,11 @@ class TrainConfig:
     @property
     def skillbank_name(self) -> str:
         return self.skillbank if self.skillbank else self.env
+
+    @property
+    def chat_kwargs(self) -> dict[str, Any]:
+        """Extra variables for the chat template (``enable_thinking`` when set)."""
+        return {} if self.enable_thinking is None else {"enable_thinking": bool(self.enable_thinking)}
 
     def allocator_settings(self) -> dict[str, Any]:
         """What the dump metadata records under ``allocator`` (the audit's options)."""
@@ -431,6 +442,7 @@ class TrainConfig:
         if not (self.model in _MODEL_ALIASES or Path(self.model).expanduser().is_dir()):
             p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
                      "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
+        need(self.policy in ("model", "expert"), f"policy={self.policy!r}: choose 'model' or 'expert'")
         p.extend(self._searchqa_problems())
         try:
             from icsd_audit.runs.trackers import parse_report_to
@@ -461,6 +473,8 @@ class TrainConfig:
         named = [k for k in ("searchqa_corpus", "searchqa_data", "retriever_url") if getattr(self, k)]
         if named and self.env != "searchqa":
             p.append(f"{', '.join(named)} only apply to env='searchqa' (env={self.env!r}); unset them or set env=searchqa")
+        if self.searchqa_protocol not in ("search-r1", "verl-agent"):
+            p.append(f"searchqa_protocol={self.searchqa_protocol!r}: choose 'search-r1' or 'verl-agent'")
         if not (isinstance(self.retrieval_topk, int) and self.retrieval_topk >= 1):
             p.append(f"retrieval_topk={self.retrieval_topk!r} must be an integer >= 1 (Search-R1 uses 3)")
         files = [self.searchqa_corpus] if self.searchqa_corpus else []

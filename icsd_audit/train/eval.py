@@ -21,7 +21,7 @@ import torch
 from icsd_audit.envs import TextEnv
 from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
 
-__all__ = ["EvalResult", "evaluate", "group_success", "group_counts"]
+__all__ = ["EvalResult", "evaluate", "evaluate_config", "group_success", "group_counts"]
 
 
 @dataclass
@@ -49,8 +49,11 @@ class EvalResult:
 def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Callable[[], TextEnv], n_tasks: int,
              max_turns: int, max_response_tokens: int, temperature: float, require_think: bool, batch_rows: int,
              device: torch.device, seed: int = 0, split: str = "eval", precision: str = "float32",
-             invalid_rule: str = "format") -> EvalResult:
-    """Roll the policy out once on each of the first ``n_tasks`` held-out instructions."""
+             invalid_rule: str = "format", policy: Any = None) -> EvalResult:
+    """Roll the policy out once on each of the first ``n_tasks`` held-out instructions.
+
+    ``policy``: who writes the replies (:mod:`icsd_audit.train.policy`); None: ``model`` samples them.
+    """
     t0 = time.perf_counter()
     probe = make_env()
     n = min(int(n_tasks), int(probe.num_tasks))
@@ -58,17 +61,58 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
     settings = RolloutSettings(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature,
                                batch_rows=batch_rows, require_think=require_think, reward="score", record_logp=False,
                                precision=precision, invalid_rule=invalid_rule)
-    was_training = model.training
-    model.eval()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    was_training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
+    with torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else []):
         torch.manual_seed(seed)
         batch = collect_rollouts(model=model, tokenizer=tokenizer, builder=builder, envs=envs, tasks=list(range(n)),
-                                 group_size=1, settings=settings, device=device)
-    model.train(was_training)
+                                 group_size=1, settings=settings, device=device, policy=policy)
+    if model is not None:
+        model.train(was_training)
     m = batch.metrics()
     return EvalResult(split=split, n_tasks=n, success=m["success"], score=m["score"], invalid_rate=m["invalid_rate"],
                       turns=m["turns"], seconds=time.perf_counter() - t0, subsets=group_success(probe, batch),
                       subset_tasks=group_counts(probe, batch))
+
+
+def evaluate_config(cfg: Any) -> EvalResult:
+    """``icsd eval``: a :class:`~icsd_audit.train.config.TrainConfig`'s policy on its held-out tasks.
+
+    The policy is ``cfg.model`` (sampled at ``eval_temperature``) or, with
+    ``cfg.policy == "expert"``, each environment's expert (no weights loaded: only the
+    model's tokenizer, for the prompts). Prompts, chat-template switches
+    (``enable_thinking``), validity rule and rewards are the config's; with
+    ``student_skills`` 'eval' or 'both' the student's prompt holds the retrieved skill
+    (the Skill-Prompt* baseline), placed as ``skill_placement`` says.
+    """
+    from icsd_audit.train.loop import _default_env_factory, load_policy, resolve_precision
+    from icsd_audit.train.models import resolve_device, set_threads
+    from icsd_audit.train.policy import ExpertPolicy, policy_tokenizer
+
+    cfg.validate()
+    set_threads(cfg.threads)
+    dev = resolve_device(cfg.device)
+    if cfg.policy == "expert":
+        model, tok = None, policy_tokenizer(cfg.model, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+        policy: Any = ExpertPolicy(tok)
+    else:
+        model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+        policy = None
+    skill = None
+    if cfg.student_skills in ("eval", "both"):
+        from icsd_audit.train.skills import load_skillbank
+        from icsd_audit.train.teacher import skill_retriever
+
+        skill = skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
+                                skill_match=cfg.skill_match)
+    builder = PromptBuilder.from_config(tok, cfg, student_skill=skill)
+    factory = _default_env_factory(cfg)
+    return evaluate(model=model, tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.eval_split),
+                    n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
+                    temperature=cfg.eval_temperature, require_think=cfg.require_think,
+                    batch_rows=cfg.rollout_batch_rows, device=dev, seed=cfg.seed, split=cfg.eval_split,
+                    precision=resolve_precision(cfg.precision, dev), invalid_rule=cfg.invalid_rule, policy=policy)
 
 
 def group_success(env: TextEnv, batch: Any) -> dict[str, float]:

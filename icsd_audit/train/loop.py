@@ -143,9 +143,10 @@ def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
             kwargs["num_goals"] = cfg.server_num_goals
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
-                          retriever_url=cfg.retriever_url)
+                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol)
         if cfg.env == "alfworld":
             kwargs["data"] = cfg.alfworld_data
+            kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert
         return make_env(cfg.env, url=cfg.env_url, **kwargs)
 
     return factory
@@ -308,9 +309,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     def make_builder(student_sees_skills: bool) -> PromptBuilder:
         skill = (skill_retriever(bank, skill_mode=cfg.skill_mode, skill_match=cfg.skill_match)
                  if student_sees_skills and bank is not None else None)
-        return PromptBuilder(tokenizer, env=cfg.env, history_window=cfg.history_window,
-                             max_prompt_tokens=cfg.max_prompt_tokens, system_prompt=cfg.system_prompt,
-                             one_shot=cfg.one_shot, skill_placement=cfg.skill_placement, student_skill=skill)
+        return PromptBuilder.from_config(tokenizer, cfg, student_skill=skill)
 
     builder = make_builder(cfg.student_skills in ("train", "both"))
     eval_builder = make_builder(cfg.student_skills in ("eval", "both"))

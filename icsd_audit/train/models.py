@@ -402,11 +402,14 @@ def chat_prompt(
     messages: Sequence[Mapping[str, str]],
     *,
     add_generation_prompt: bool = True,
+    **template_kwargs: Any,
 ) -> str:
     """Render chat ``messages`` (``[{"role": ..., "content": ...}, ...]``) as prompt text.
 
     Uses the tokenizer's own chat template; ``add_generation_prompt`` appends the header
     of the assistant turn, so the model's reply starts right after the returned text.
+    ``template_kwargs`` reach the template as variables (Qwen3: ``enable_thinking=False``
+    renders the empty think block of its non-thinking mode; templates ignore unknown ones).
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise ModelLoadError(
@@ -414,7 +417,8 @@ def chat_prompt(
             "tokenizer.chat_template (icsd_audit.train.models.TINY_CHAT_TEMPLATE is a ChatML one)"
         )
     msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **template_kwargs)
     if not isinstance(text, str):  # some releases return a list for a single conversation
         text = text[0]
     return text

@@ -6,6 +6,14 @@ in verl-agent's layout (one user message; the model first reasons inside
 ``<think>...</think>`` and then gives exactly one action inside ``<action>...</action>``;
 ``icsd_audit.envs.base.parse_action`` reads the reply).
 
+Search-QA follows its environment's protocol (``TurnContext.protocol``, set from the
+observation): ``"search-r1"`` is Search-R1's one growing context per episode, the
+question in Search-R1's prompt (its ``make_prefix``) followed by every reply (cut after
+its first ``</search>``/``</answer>``) and every ``<information>`` block
+(:func:`growing_pieces`, which the prompt builder tokenizes piece by piece as
+Search-R1 concatenates ids); ``"verl-agent"`` is verl-agent's search prompt, rebuilt each
+turn with the last ``history_window`` steps (SDAR's scripts: 4).
+
 The privileged teacher sees the same prompt with the retrieved skill text ``z``
 prepended, as SDAR does: SDAR (``build_teacher_batch`` in its trainer) puts
 ``"[Privileged Skill Information]\\n" + z + "\\n\\n"`` in front of the student's fully
@@ -19,6 +27,7 @@ the student's sampled tokens position by position.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,6 +40,9 @@ __all__ = [
     "SKILL_HEADER",
     "TurnContext",
     "build_messages",
+    "growing_pieces",
+    "is_growing",
+    "observation_content",
     "render_history",
     "student_messages",
     "student_prompt_text",
@@ -73,12 +85,41 @@ REPLY_FORMATS: dict[str, str] = {
 }
 
 
+#: verl-agent's Search prompts (``agent_system/environments/prompts/search.py``), for
+#: ``protocol="verl-agent"``: the first turn, and every later one with the history.
+VERL_AGENT_SEARCH_FIRST = """
+You are an expert agent tasked with answering the given question step-by-step.
+Your question: {task_description}
+
+Now it's your turn to respond for the current step.
+You should first conduct reasoning process. This process MUST be enclosed within <think> </think> tags. 
+After completing your reasoning, choose only one of the following actions (do not perform both):
+(1) If you find you lack some knowledge, you can call a search engine to get more external information using format: <search> your query </search>.
+(2) If you have enough knowledge to answer the question confidently, provide your final answer within <answer> </answer> tags, without detailed illustrations. For example, <answer>Beijing</answer>.
+"""
+VERL_AGENT_SEARCH = """
+You are an expert agent tasked with answering the given question step-by-step.
+Your question: {task_description}
+
+Prior to this step, you have already taken {step_count} step(s). Below is the interaction history where <search> </search> wrapped your past search queries and <information> </information> wrapped the corresponding search results returned by the external search engine. History:
+{memory_context}
+
+Now it's your turn to respond for the current step.
+You should first conduct reasoning process. This process MUST be enclosed within <think> </think> tags. 
+After completing your reasoning, choose only one of the following actions (do not perform both):
+(1) If you find you lack some knowledge, you can call a search engine to get more external information using format: <search> your query </search>.
+(2) If you have enough knowledge to answer the question confidently, provide your final answer within <answer> </answer> tags, without detailed illustrations. For example, <answer>Beijing</answer>.
+"""
+
+
 @dataclass(frozen=True)
 class HistoryEntry:
-    """One past step: the observation the agent saw and the action it took."""
+    """One past step: the observation the agent saw, the action it took and (for a growing
+    context) its reply as the context keeps it."""
 
     observation: str
     action: str
+    reply: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,8 +141,10 @@ class TurnContext:
     actions: Sequence[str] | None = None
     history: Sequence[HistoryEntry] = field(default_factory=tuple)
     env: str = "webshop"
-    #: Exact SkillBank key of the task (a Search-QA data source), or None: keyword matching decides.
+    #: Exact SkillBank key of the task (a Search-QA data source, an ALFWorld task type), or None: keyword matching decides.
     key: str | None = None
+    #: The environment's reply protocol where it has several (Search-QA: "search-r1" or "verl-agent").
+    protocol: str | None = None
 
     @property
     def step(self) -> int:
@@ -127,7 +170,64 @@ def render_history(history: Sequence[HistoryEntry | tuple[str, str]], window: in
     return "\n".join(lines)
 
 
+def is_growing(ctx: TurnContext) -> bool:
+    """Whether the turn's prompt is one growing context (Search-QA under Search-R1's protocol)."""
+    return ctx.env.lower() == "searchqa" and ctx.protocol == "search-r1"
+
+
+def _wrap_observation(text: str) -> str:
+    """An observation as Search-R1 appends it to the context (generation.py, ``execute_predictions``)."""
+    if not text:
+        return ""
+    return f"\n\n{text}\n\n" if text.startswith("<information>") else f"\n{text}\n"
+
+
+def growing_pieces(ctx: TurnContext) -> list[str]:
+    """The growing context after the first prompt: reply 1, observation after it, reply 2, ...
+
+    Replies as the context keeps them (``HistoryEntry.reply``: cut after the first
+    ``</search>``/``</answer>``), observations wrapped as Search-R1 wraps them
+    (``\\n\\n<information>...</information>\\n\\n``; the invalid-reply message between single
+    newlines). The observation after the last reply is the current one.
+    """
+    out: list[str] = []
+    hist = list(ctx.history)
+    for k, h in enumerate(hist):
+        after = hist[k + 1].observation if k + 1 < len(hist) else ctx.observation
+        out += [h.reply, _wrap_observation(after)]
+    return [p for p in out if p]
+
+
+def observation_content(ctx: TurnContext, history_window: int) -> str:
+    """What a growing conversation adds after a reply: the new observation (Search-QA, whose
+    prompts state the question once), or the whole turn prompt without its history block."""
+    if ctx.env.lower() == "searchqa" and ctx.protocol is not None:
+        return ctx.observation
+    return _user_content(TurnContext(task=ctx.task, observation=ctx.observation, actions=ctx.actions, env=ctx.env,
+                                     key=ctx.key, protocol=ctx.protocol), history_window)
+
+
+def _verl_agent_search(ctx: TurnContext, history_window: int) -> str:
+    """verl-agent's search prompt: its template and ``SearchMemory.fetch`` lines ``Step k:<action> <information>``."""
+    hist = list(ctx.history)
+    if not hist or history_window <= 0:
+        return VERL_AGENT_SEARCH_FIRST.format(task_description=ctx.task)
+    start = max(0, len(hist) - history_window)
+    lines = []
+    for k in range(start, len(hist)):
+        after = hist[k + 1].observation if k + 1 < len(hist) else ctx.observation
+        action = re.sub(r"<(search|answer)> (.*?) </\1>", r"<\1>\2</\1>", hist[k].action, flags=re.DOTALL)
+        lines.append(f"Step {k + 1}:{action} {after}\n")
+    return VERL_AGENT_SEARCH.format(task_description=ctx.task, memory_context="\n".join(lines), step_count=len(hist))
+
+
 def _user_content(ctx: TurnContext, history_window: int) -> str:
+    if ctx.env.lower() == "searchqa" and ctx.protocol == "search-r1":
+        from icsd_audit.envs.searchqa.data import SEARCH_R1_PREFIX
+
+        return SEARCH_R1_PREFIX.format(question=ctx.task)
+    if ctx.env.lower() == "searchqa" and ctx.protocol == "verl-agent":
+        return _verl_agent_search(ctx, history_window)
     intro = ENV_INTROS.get(ctx.env.lower(), _GENERIC_INTRO)
     parts = [intro, f"Your task is to: {ctx.task}"]
     shown = render_history(ctx.history, history_window)

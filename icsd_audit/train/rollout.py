@@ -14,11 +14,13 @@ Which turns are *invalid* (flagged on the row; the advantage estimator subtracts
 ``invalid_penalty`` from the row's score, as verl-agent's ``apply_invalid_action_penalty``
 does) is chosen by name from :data:`INVALID_RULES`:
 
-* ``format`` (default, verl-agent's rule, :func:`icsd_audit.envs.base.well_formed`):
-  only a malformed reply is invalid (no ``<action>``/``</action>`` tags, no
-  ``<think>``/``</think>`` tags when required, CJK characters). A well-formed reply
-  whose action the page does not admit is a valid turn that leaves the environment
-  unchanged.
+* ``format`` (default): the environment's reference rule for a malformed reply. For
+  WebShop and ALFWorld verl-agent's (:func:`icsd_audit.envs.base.well_formed`: no
+  ``<action>``/``</action>`` tags, no ``<think>``/``</think>`` tags when required, CJK
+  characters); an environment with its own reply format says so with a
+  ``reply_valid(text)`` method (Search-QA: Search-R1's ``postprocess_predictions`` or
+  verl-agent's ``search_projection``, by its protocol). A well-formed reply whose action
+  the page does not admit is a valid turn that leaves the environment unchanged.
 * ``admissible`` (this toolkit's stricter option): additionally a well-formed reply
   whose action is empty or not admissible (by the parser or by the environment).
 
@@ -28,8 +30,9 @@ as a turn.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -38,8 +41,9 @@ from icsd_audit.envs import Observation, StepResult, TextEnv, parse_action
 from icsd_audit.envs.base import ParsedAction, well_formed
 from icsd_audit.train.models import chat_prompt
 from icsd_audit.train.advantages import TurnRecords, anchor_id
-from icsd_audit.train.prompts import HistoryEntry, TurnContext, build_messages, skill_block, student_messages
-from icsd_audit.train.sampling import pad_and_stop_ids, sample, sampling_config
+from icsd_audit.train.prompts import (HistoryEntry, TurnContext, build_messages, growing_pieces, is_growing, skill_block,
+                                     student_messages)
+from icsd_audit.train.sampling import sample, sampling_config
 
 __all__ = [
     "REWARD_FNS",
@@ -65,11 +69,17 @@ REWARD_FNS: dict[str, Callable[[StepResult], float]] = {
     "score": lambda r: float(r.reward),
 }
 
-#: ``rule(reply_text, parsed, step_result, require_think)`` -> whether the turn is valid.
-INVALID_RULES: dict[str, Callable[[str, ParsedAction, StepResult, bool], bool]] = {
-    "format": lambda text, parsed, res, think: well_formed(text, require_think=think),
-    "admissible": lambda text, parsed, res, think: bool(parsed.valid and res.info.get("valid_action", True)),
-}
+def _format_rule(text: str, parsed: ParsedAction, res: StepResult, think: bool, env: Any = None) -> bool:
+    own = getattr(env, "reply_valid", None)
+    return bool(own(text)) if own is not None else well_formed(text, require_think=think)
+
+
+def _admissible_rule(text: str, parsed: ParsedAction, res: StepResult, think: bool, env: Any = None) -> bool:
+    return bool(parsed.valid and res.info.get("valid_action", True))
+
+
+#: ``rule(reply_text, parsed, step_result, require_think, env)`` -> whether the turn is valid.
+INVALID_RULES: dict[str, Callable[..., bool]] = {"format": _format_rule, "admissible": _admissible_rule}
 
 #: One worked exchange per environment for ``one_shot`` (a made-up instruction that is
 #: in no split, on the search page, and a well-formed reply).
@@ -111,8 +121,11 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: Any, *, env: str, history_window: int, max_prompt_tokens: int,
                  system_prompt: str | None = None, one_shot: bool = False, skill_placement: str = "prefix",
-                 student_skill: Callable[[TurnContext, str], str] | None = None):
+                 student_skill: Callable[[TurnContext, str], str] | None = None, protocol: str | None = None,
+                 chat_kwargs: Mapping[str, Any] | None = None):
         self.tok = tokenizer
+        #: Extra keyword arguments of the chat template (``enable_thinking=False`` for Qwen3's non-thinking mode).
+        self.chat_kwargs = dict(chat_kwargs or {})
         #: ``student_skill(ctx, student_text)`` -> skill text shown to the *student* too
         #: (Skill-Prompt / Skill-GRPO baselines); None: the student never sees skills.
         self.student_skill = student_skill
@@ -126,9 +139,19 @@ class PromptBuilder:
             self._prefix.append({"role": "system", "content": system_prompt})
         if one_shot:
             ex_ctx, ex_reply = ONE_SHOT[env]
+            ex_ctx = dataclasses.replace(ex_ctx, protocol=protocol)  # the run's layout for the example too
             self._prefix += [*student_messages(ex_ctx, history_window=history_window),
                              {"role": "assistant", "content": ex_reply}]
         self._skill_ids: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, cfg: Any, *,
+                    student_skill: Callable[[TurnContext, str], str] | None = None) -> "PromptBuilder":
+        """The builder of a :class:`~icsd_audit.train.config.TrainConfig`'s prompts (every engine builds it here)."""
+        return cls(tokenizer, env=cfg.env, history_window=cfg.history_window, max_prompt_tokens=cfg.max_prompt_tokens,
+                   system_prompt=cfg.system_prompt, one_shot=cfg.one_shot, skill_placement=cfg.skill_placement,
+                   student_skill=student_skill, protocol=cfg.searchqa_protocol if cfg.env == "searchqa" else None,
+                   chat_kwargs=cfg.chat_kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False).input_ids)
@@ -136,16 +159,28 @@ class PromptBuilder:
     def _truncate(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
         return (ids[-limit:], True) if len(ids) > limit else (ids, False)
 
+    def _pieces(self, ctx: TurnContext, skill_text: str | None = None) -> list[str]:
+        """The prompt text in the pieces it is tokenized in: the chat-rendered turn prompt,
+        then, for a growing context, every reply and observation so far (Search-R1
+        concatenates the ids of separately tokenized pieces)."""
+        msgs = [*self._prefix, *build_messages(ctx, history_window=self.history_window, skill_text=skill_text)]
+        first = chat_prompt(self.tok, msgs, **self.chat_kwargs)
+        return [first, *growing_pieces(ctx)] if is_growing(ctx) else [first]
+
     def student_text(self, ctx: TurnContext) -> str:
-        return chat_prompt(self.tok, [*self._prefix, *student_messages(ctx, history_window=self.history_window)])
+        return "".join(self._pieces(ctx))
+
+    def _ids(self, pieces: list[str]) -> list[int]:
+        return [i for p in pieces for i in self.encode(p)]
 
     def student(self, ctx: TurnContext) -> tuple[list[int], bool]:
         """The student's prompt ids (left-truncated to ``max_prompt_tokens``) and whether it was cut.
 
         With ``student_skill`` the retrieved skill is placed as for the teacher (Skill-Prompt).
         """
-        text = self.student_text(ctx)
-        ids, cut = self._truncate(self.encode(text), self.max_prompt_tokens)
+        pieces = self._pieces(ctx)
+        text = "".join(pieces)
+        ids, cut = self._truncate(self._ids(pieces), self.max_prompt_tokens)
         if self.student_skill is not None:
             ids = self.teacher(ctx, ids, self.student_skill(ctx, text))[0]
         return ids, cut
@@ -164,8 +199,7 @@ class PromptBuilder:
         block = self._skill_ids[skill_text]
         if self.skill_placement == "prefix":
             return block + list(student_ids), False
-        msgs = [*self._prefix, *build_messages(ctx, history_window=self.history_window, skill_text=skill_text)]
-        return self._truncate(self.encode(chat_prompt(self.tok, msgs)), self.max_prompt_tokens + len(block))
+        return self._truncate(self._ids(self._pieces(ctx, skill_text)), self.max_prompt_tokens + len(block))
 
 
 @dataclass
@@ -269,7 +303,8 @@ def turn_context(obs: Observation, env: str, history: Sequence[HistoryEntry] = (
     An environment with free-form actions (Search-QA) lists none: the prompt then shows no list.
     """
     return TurnContext(task=obs.instruction, observation=obs.text, actions=obs.available_actions or None,
-                       history=tuple(history), env=env, key=obs.meta.get("skill_key"))
+                       history=tuple(history), env=env, key=obs.meta.get("skill_key"),
+                       protocol=obs.meta.get("protocol"))
 
 
 @dataclass(frozen=True)
@@ -282,6 +317,7 @@ class TurnOutcome:
     valid: bool
     reward: float  # shaped step reward
     done: bool  # the environment ended the episode or the turn budget is spent
+    context_text: str = ""  # the reply as a growing context keeps it (the env's ``context_reply``)
 
 
 class TurnReferee:
@@ -301,7 +337,7 @@ class TurnReferee:
     def play(self, env: TextEnv, text: str, obs: Observation, traj: Trajectory, turn: int) -> TurnOutcome:
         parsed = _reply_parser(env)(text, obs.available_actions, require_think=self.require_think)
         res = env.step(parsed.action)
-        valid = bool(self.is_valid(text, parsed, res, self.require_think))
+        valid = bool(self.is_valid(text, parsed, res, self.require_think, env))
         r = self.reward_fn(res)
         traj.n_turns += 1
         traj.n_invalid += int(not valid)
@@ -311,7 +347,9 @@ class TurnReferee:
             traj.won = bool(res.won)
             traj.score = float(res.info.get("score", 0.0))
         traj.done = done
-        return TurnOutcome(text=text, parsed=parsed, result=res, valid=valid, reward=r, done=done)
+        keep = getattr(env, "context_reply", None)
+        return TurnOutcome(text=text, parsed=parsed, result=res, valid=valid, reward=r, done=done,
+                           context_text=keep(text) if keep is not None else text)
 
 
 def collect_rollouts(
@@ -324,15 +362,26 @@ def collect_rollouts(
     group_size: int,
     settings: RolloutSettings,
     device: torch.device,
+    policy: Any = None,
 ) -> RolloutBatch:
-    """Run ``len(tasks) x group_size`` episodes to the end or ``max_turns`` turns."""
+    """Run ``len(tasks) x group_size`` episodes to the end or ``max_turns`` turns.
+
+    ``policy`` (a :class:`icsd_audit.train.policy.TurnPolicy`) writes the replies; by
+    default the model samples them. Whoever writes them, they go through the same
+    parser, validity rule, rewards and history.
+    """
     import time
+
+    from icsd_audit.train.policy import ModelPolicy, PolicyTurn
 
     n_eps = len(tasks) * group_size
     if len(envs) < n_eps:
         raise ValueError(f"need {n_eps} environment instances, got {len(envs)}")
     referee = TurnReferee(settings)
-    pad_id, stop_ids = pad_and_stop_ids(model, tokenizer)
+    if policy is None:
+        policy = ModelPolicy(model, tokenizer, max_response_tokens=settings.max_response_tokens,
+                             temperature=settings.temperature, device=device, precision=settings.precision,
+                             record_logp=settings.record_logp)
     trajs = [Trajectory(traj=i, slot=i // group_size, task=int(tasks[i // group_size]), rollout=i % group_size)
              for i in range(n_eps)]
     t0 = time.perf_counter()
@@ -350,21 +399,20 @@ def collect_rollouts(
         for chunk_start in range(0, len(active), settings.batch_rows):
             chunk = active[chunk_start: chunk_start + settings.batch_rows]
             t1 = time.perf_counter()
-            resp, logps = sample(model, [prompts[i][0] for i in chunk], max_new_tokens=settings.max_response_tokens,
-                                 temperature=settings.temperature, pad_id=pad_id, stop_ids=stop_ids, device=device,
-                                 precision=settings.precision, want_logp=settings.record_logp)
+            replies = policy.reply([PolicyTurn(env=envs[i], observation=obs[i], ctx=ctxs[i], prompt_ids=prompts[i][0])
+                                    for i in chunk])
             t_gen += time.perf_counter() - t1
             t1 = time.perf_counter()
-            for j, i in enumerate(chunk):
+            for rep, i in zip(replies, chunk):
                 tr = trajs[i]
-                out = referee.play(envs[i], tokenizer.decode(resp[j], skip_special_tokens=True), obs[i], tr, turn)
+                out = referee.play(envs[i], rep.text, obs[i], tr, turn)
                 rows.append(TurnRow(
                     slot=tr.slot, task=tr.task, traj=tr.traj, rollout=tr.rollout, turn=turn, ctx=ctxs[i],
-                    prompt_ids=prompts[i][0], response_ids=resp[j], old_logp=logps[j], response_text=out.text,
+                    prompt_ids=prompts[i][0], response_ids=rep.response_ids, old_logp=rep.logp, response_text=out.text,
                     action=out.parsed.action, action_valid=out.valid, reward=out.reward, done=out.done,
                     prompt_truncated=prompts[i][1], anchor=anchor_id(obs[i].text),
                 ))
-                history[i].append(HistoryEntry(observation=obs[i].text, action=out.parsed.action))
+                history[i].append(HistoryEntry(observation=obs[i].text, action=out.parsed.action, reply=out.context_text))
                 obs[i] = out.result.observation
             t_env += time.perf_counter() - t1
     rows.sort(key=lambda r: (r.traj, r.turn))

@@ -69,7 +69,10 @@ def test_parse_reply_follows_search_r1():
     assert parse_reply("<search>x</search><think>late</think>", require_think=True).reason == "no_think_tag"
     assert parse_reply("<search>x</search>").valid  # think not required
     assert parse_reply("<action>search[x]</action>").reason == "no_action_tag"
-    assert parse_reply("<answer>   </answer>").reason == "empty"
+    # an empty block is a valid (empty) answer: postprocess_predictions matches it with content ''
+    # and execute_predictions gives valid_action 1 (generation.py lines 422-430, 384-388)
+    p = parse_reply("<answer>   </answer>")
+    assert p.valid and p.action == "<answer>  </answer>"
     assert parse_reply("<search>x</answer>").reason == "no_action_tag"  # tags must pair
 
 
@@ -99,8 +102,9 @@ def test_invalid_actions_wrong_answers_and_turn_budget():
     assert not r.info["valid_action"] and r.observation.text == INVALID_MESSAGE and not r.done
     r = env.step("")
     assert not r.info["valid_action"] and not r.done
-    r = env.step("<search>  anything </search>")
+    r = env.step("<search>  anything </search>")  # the final-answer turn: the search is not run
     assert r.info["valid_action"] and r.done and r.info["truncated"] and r.reward == 0.0 and not r.info["won"]
+    assert r.observation.text == "" and "doc_ids" not in r.info
     env.reset(1)
     r = env.step("answer[certainly not the answer]")
     assert r.done and r.reward == 0.0 and not r.info["won"] and r.info["valid_action"]

@@ -17,13 +17,25 @@ What the agent sees follows verl-agent's ALFWorld environment manager:
 An action the engine does not admit is not sent to it (the engine would answer
 ``Nothing happens.`` and change nothing): the step counts, the observation is
 ``Nothing happens.`` and ``info["valid_action"]`` is False.
+
+With ``expert=True`` the engine carries ALFWorld's handcoded expert (``AlfredExpert``,
+``HandCodedTWAgent``), whose next command :meth:`AlfWorldEnv.expert_action` returns (the
+expert policy, :mod:`.expert`). The expert breaks ties with :mod:`random`; each episode
+gets its own random stream seeded with the task index, swapped in around every engine
+call, so the expert plays a game the same way whatever else runs between its turns
+(the manifest's check seeds it the same way).
+
+The observation's ``meta["skill_key"]`` is the game's task type (``pick_heat_then_place_in_recep``,
+...): the privileged teacher retrieves the SkillBank category with that key, as SDAR
+looks skills up by the game file's task type (``SkillProvider.get_privileged_info``).
 """
 
 from __future__ import annotations
 
 import numbers
 import random
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..base import Observation, StepResult, match_admissible, step_info
 from .engine import keep_argv, make_game_env, require_engine
@@ -57,10 +69,14 @@ class AlfWorldEnv:
 
     name = "alfworld"
 
-    def __init__(self, split: str = "train", *, max_steps: int = 50, seed: int = 0, data: str | None = None):
+    def __init__(self, split: str = "train", *, max_steps: int = 50, seed: int = 0, data: str | None = None,
+                 expert: bool = False):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         require_engine()
+        #: Whether the engine carries the handcoded expert (:meth:`expert_action`).
+        self.expert = bool(expert)
+        self._expert_random: Any = None
         self.split = split
         self.games = game_files(split, data=data)
         self.max_steps = int(max_steps)
@@ -117,9 +133,11 @@ class AlfWorldEnv:
             raise IndexError(f"task index {task} out of range for split {self.split!r} ({len(self.games)} tasks)")
         game = self.games.ref(task)
         if self._engine is None:
-            self._engine = make_game_env()
-        with keep_argv():  # the PDDL translator overwrites sys.argv
-            if self._loaded != str(game.path):
+            self._engine = make_game_env(expert=self.expert)
+        if self.expert:
+            self._expert_random = random.Random(task).getstate()
+        with keep_argv(), self._expert_stream():  # the PDDL translator overwrites sys.argv
+            if self._loaded != str(game.path) or self.expert:  # the expert reads its game at load
                 self._engine.load(str(game.path))
                 self._loaded = str(game.path)
             self._state = self._engine.reset()
@@ -137,7 +155,8 @@ class AlfWorldEnv:
         self._steps += 1
         matched = match_admissible(action, self._obs.available_actions)
         if matched is not None:
-            self._state, _, _ = self._engine.step(matched)
+            with self._expert_stream():
+                self._state, _, _ = self._engine.step(matched)
             self._won = bool(self._state["won"])
             text = str(self._state["feedback"])
         else:
@@ -152,9 +171,34 @@ class AlfWorldEnv:
                          truncated=truncated, task_type=self._game.task_type if self._game else "")
         return StepResult(self._obs, score, self._done, info)
 
+    # ------------------------------------------------------------------ the handcoded expert
+    def expert_action(self) -> str:
+        """The handcoded expert's next command in the current state (an admissible one, else ``look``)."""
+        if not self.expert:
+            raise ValueError("this AlfWorldEnv has no expert; create it with expert=True (before reset)")
+        if self._state is None or self._done:
+            raise RuntimeError("no running episode; call reset() first")
+        plan = self._state.get("extra.expert_plan") or ["look"]
+        return str(plan[0])
+
+    @contextmanager
+    def _expert_stream(self) -> Iterator[None]:
+        """Run the engine (and so the expert's planning) on this episode's own random stream."""
+        if not self.expert:
+            yield
+            return
+        outside = random.getstate()
+        random.setstate(self._expert_random)
+        try:
+            yield
+        finally:
+            self._expert_random = random.getstate()
+            random.setstate(outside)
+
     # ------------------------------------------------------------------ views
     def _observation(self, text: str) -> Observation:
         actions = tuple(a for a in self._state["admissible_commands"] if a != "help")
-        meta = {"step": self._steps, "task_type": self._game.task_type if self._game else "",
+        task_type = self._game.task_type if self._game else ""
+        meta = {"step": self._steps, "task_type": task_type, "skill_key": task_type or None,
                 "gamefile": str(self._game.path) if self._game else ""}
         return Observation(text=text, available_actions=actions, instruction=self._instruction, meta=meta)

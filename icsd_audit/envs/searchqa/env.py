@@ -1,21 +1,30 @@
 """Search-QA as a multi-turn text environment, with Search-R1's interface.
 
-Each turn the model reasons inside ``<think>...</think>`` and then either searches,
-``<search> query </search>``, or answers, ``<answer> text </answer>``
-(:func:`parse_reply`: the first such block counts, as in Search-R1's
-``postprocess_predictions``), normalised to ``<search> query </search>`` (whitespace
-collapsed), which is also what the prompt's history shows as the action taken.
-:meth:`SearchQAEnv.step` takes that tag form or the bracket form ``search[query]`` /
-``answer[text]`` of the other environments:
+Each turn the model writes ``<search> query </search>`` or ``<answer> text </answer>``
+(reasoning inside ``<think>...</think>`` first, as the prompt asks). How a reply is read,
+when it is valid and what an invalid one gets back follow one of two references, the
+environment's ``protocol`` (:mod:`.protocol`): ``"search-r1"`` (Search-R1's rollout loop,
+the default) or ``"verl-agent"`` (verl-agent's search environment, which SDAR's scripts
+run). :meth:`SearchQAEnv.parse_reply` gives the action, ``<search> q </search>`` with
+whitespace collapsed (also what a history shows); :meth:`SearchQAEnv.reply_valid` is the
+protocol's validity rule, which the trainer's ``format`` rule uses.
+:meth:`SearchQAEnv.step` takes that tag form or the bracket form ``search[q]`` /
+``answer[a]`` of the other environments:
 
 * ``search[q]``: the top-``topk`` passages (Search-R1: 3) come back as the next
-  observation, ``<information>Doc 1(Title: ...) ...</information>``; reward 0.
+  observation, ``<information>...</information>`` in the protocol's format; reward 0.
+  An empty query gets no passages (the references send it to their retriever).
 * ``answer[a]``: the episode ends; reward = exact match of ``a`` against the gold
   answers (:mod:`.em`), so ``won`` = ``score`` = EM.
-* anything else is invalid: the state is unchanged, the observation is Search-R1's
-  "My previous action is invalid. ..." message and ``info["valid_action"]`` is False.
+* anything else is invalid: the state is unchanged, the observation is the protocol's
+  (Search-R1's "My previous action is invalid. ..." message, or nothing) and
+  ``info["valid_action"]`` is False.
 
-An episode also ends, with reward 0, after ``max_steps`` turns (Table A1: 4).
+The ``max_steps``-th turn is the final-answer turn: an answer is scored as always, a
+search is not run (Search-R1's last rollout has ``do_search=False``; verl-agent's
+environment is done at ``max_turns`` before it calls the tool), and the episode ends
+with reward 0 unless it answered. ``max_steps`` counts every turn, this last one
+included (Table A1: 4); Search-R1's ``max_turns`` = T corresponds to ``max_steps`` = T + 1.
 
 Tasks come from :class:`SearchQAData`: the built-in synthetic KB, or a user's Search-R1
 files. The ``eval`` split interleaves the subsets round-robin (in
@@ -36,22 +45,19 @@ from ..base import Observation, ParsedAction, StepResult, step_info
 from .data import read_qa_parquet
 from .em import exact_match
 from .kb import SUBSETS, QAItem, builtin_kb
-from .retriever import BM25Retriever, Retriever, ServerRetriever, format_passages
+from .protocol import INVALID_MESSAGE, PROTOCOLS, cut_reply, information, invalid_observation, reply_valid
+from .protocol import parse_reply as _parse_reply
+from .retriever import BM25Retriever, Retriever, ServerRetriever
 
 __all__ = ["SearchQAEnv", "SearchQAData", "load_data", "parse_reply", "PAPER_COLUMNS", "INVALID_MESSAGE",
-           "START_TEXT", "column_name"]
+           "START_TEXT", "column_name", "PROTOCOLS"]
 
 #: data_source -> the paper's column name (Table 1 / Table A3).
 PAPER_COLUMNS = {"nq": "NQ", "triviaqa": "Triv", "popqa": "Pop", "hotpotqa": "Hotp", "2wikimultihopqa": "2Wk",
                  "musique": "MuS", "bamboogle": "Bam"}
-#: Search-R1's observation after an unparseable reply.
-INVALID_MESSAGE = ("My previous action is invalid. If I want to search, I should put the query between <search> and "
-                   "</search>. If I want to give the final answer, I should put the answer between <answer> and "
-                   "</answer>. Let me try again.")
 #: The observation before the first search.
 START_TEXT = "No search results yet."
 _BLOCK = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
 _CALL = re.compile(r"^\s*(search|answer)\[(.*)\]\s*$", re.DOTALL | re.IGNORECASE)
 _SPLIT_ALIASES = {"eval": "test", "test": "test", "train": "train", "dev": "test", "validation": "test"}
 
@@ -61,18 +67,9 @@ def column_name(data_source: str) -> str:
     return PAPER_COLUMNS.get(data_source, data_source)
 
 
-def parse_reply(text: str, *, require_think: bool = False) -> ParsedAction:
-    """The first ``<search>``/``<answer>`` block, as ``<search> q </search>`` with whitespace collapsed."""
-    m = _BLOCK.search(text)
-    if m is None:
-        return ParsedAction(action="", valid=False, reason="no_action_tag")
-    arg = " ".join(m.group(2).split())
-    if not arg:
-        return ParsedAction(action="", valid=False, reason="empty")
-    action = f"<{m.group(1)}> {arg} </{m.group(1)}>"
-    if require_think and _THINK.search(text[: m.start()]) is None:
-        return ParsedAction(action=action, valid=False, reason="no_think_tag")
-    return ParsedAction(action=action, valid=True, reason="")
+def parse_reply(text: str, *, require_think: bool = False, protocol: str = "search-r1") -> ParsedAction:
+    """The action of a reply under ``protocol`` (:func:`.protocol.parse_reply`)."""
+    return _parse_reply(text, require_think=require_think, protocol=protocol)
 
 
 @dataclass(frozen=True)
@@ -153,17 +150,22 @@ class SearchQAEnv:
         seed: seeds the draw of a task when ``reset()`` gets none.
         topk: passages per search (Search-R1: 3).
         data: loaded data; by default :func:`load_data` with ``corpus``, ``data_files``, ``retriever_url``.
+        protocol: ``"search-r1"`` or ``"verl-agent"``: how replies are read and judged and
+            what comes back (:mod:`.protocol`); the prompt builder follows it too.
     """
 
     name = "searchqa"
 
     def __init__(self, split: str = "train", *, max_steps: int = 4, seed: int = 0, topk: int = 3,
                  data: SearchQAData | None = None, corpus: str | None = None, data_files: str | None = None,
-                 retriever_url: str | None = None):
+                 retriever_url: str | None = None, protocol: str = "search-r1"):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r}: choose one of {list(PROTOCOLS)}")
+        self.protocol = protocol
         self.data = data if data is not None else load_data(corpus, data_files, retriever_url)
         self.split = split
         self.tasks: tuple[QAItem, ...] = self.data.tasks(split)
@@ -192,7 +194,16 @@ class SearchQAEnv:
         return column_name(self.tasks[task].data_source)
 
     def parse_reply(self, text: str, *, require_think: bool = False) -> ParsedAction:
-        return parse_reply(text, require_think=require_think)
+        """The reply's action under this environment's protocol."""
+        return parse_reply(text, require_think=require_think, protocol=self.protocol)
+
+    def context_reply(self, text: str) -> str:
+        """A reply as a growing context keeps it: cut after its first ``</search>``, else ``</answer>``."""
+        return cut_reply(text)
+
+    def reply_valid(self, text: str) -> bool:
+        """The protocol's validity rule (the trainer's ``format`` rule for Search-QA)."""
+        return reply_valid(text, protocol=self.protocol)
 
     def reset(self, task: int | QAItem | None = None) -> Observation:
         if task is None:
@@ -212,21 +223,26 @@ class SearchQAEnv:
         if self._done or self._item is None:
             raise RuntimeError("the episode is over; call reset() first")
         self._steps += 1
+        final = self._steps >= self.max_steps  # the final-answer turn: a search is not run
         m = _CALL.match(action or "") or _BLOCK.fullmatch((action or "").strip())
         reward, extra = 0.0, {}
-        if m is None or not m.group(2).strip():
-            text, valid = INVALID_MESSAGE, False
+        if m is None:
+            text, valid = invalid_observation(self.protocol), False
         elif m.group(1).lower() == "search":
-            docs = self.data.retriever.search([" ".join(m.group(2).split())], self.topk)[0]
-            text, valid = f"<information>{format_passages(docs).strip()}</information>", True
-            extra["doc_ids"] = [d["id"] for d in docs]
+            query, valid = " ".join(m.group(2).split()), True
+            if final:
+                text = ""
+            else:
+                docs = self.data.retriever.search([query], self.topk)[0] if query else []
+                text = information(docs, protocol=self.protocol)
+                extra["doc_ids"] = [d["id"] for d in docs]
         else:
             answer = " ".join(m.group(2).split())
             reward = 1.0 if exact_match(answer, self._item.golden_answers) else 0.0
             text, valid, self._done = "", True, True
             extra["answer"] = answer
         truncated = False
-        if not self._done and self._steps >= self.max_steps:
+        if not self._done and final:
             self._done, truncated = True, True
         info = step_info(won=reward == 1.0, score=reward, valid_action=valid, steps=self._steps, truncated=truncated,
                          data_source=self._item.data_source, **extra)
@@ -235,5 +251,5 @@ class SearchQAEnv:
     def _obs(self, text: str) -> Observation:
         assert self._item is not None
         meta = {"step": self._steps, "data_source": self._item.data_source, "skill_key": self._item.data_source,
-                "id": self._item.id}
+                "id": self._item.id, "protocol": self.protocol}
         return Observation(text=text, available_actions=(), instruction=self._item.question, meta=meta)
