@@ -45,6 +45,7 @@ class PolicyTurn:
     observation: Observation
     ctx: TurnContext
     prompt_ids: list[int]
+    episode: int = -1  # the trajectory's index in the rollout (slot * group_size + rollout)
 
 
 @dataclass(frozen=True)

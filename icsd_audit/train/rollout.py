@@ -399,8 +399,8 @@ def collect_rollouts(
         for chunk_start in range(0, len(active), settings.batch_rows):
             chunk = active[chunk_start: chunk_start + settings.batch_rows]
             t1 = time.perf_counter()
-            replies = policy.reply([PolicyTurn(env=envs[i], observation=obs[i], ctx=ctxs[i], prompt_ids=prompts[i][0])
-                                    for i in chunk])
+            replies = policy.reply([PolicyTurn(env=envs[i], observation=obs[i], ctx=ctxs[i], prompt_ids=prompts[i][0],
+                                               episode=i) for i in chunk])
             t_gen += time.perf_counter() - t1
             t1 = time.perf_counter()
             for rep, i in zip(replies, chunk):

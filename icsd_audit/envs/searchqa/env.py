@@ -175,6 +175,7 @@ class SearchQAEnv:
         self._item: QAItem | None = None
         self._done = True
         self._steps = 0
+        self._searches = 0
 
     @property
     def num_tasks(self) -> int:
@@ -188,6 +189,16 @@ class SearchQAEnv:
     def item(self) -> QAItem | None:
         """The current question."""
         return self._item
+
+    @property
+    def steps(self) -> int:
+        """Turns taken in the current episode."""
+        return self._steps
+
+    @property
+    def searches(self) -> int:
+        """Searches run in the current episode."""
+        return self._searches
 
     def task_group(self, task: int) -> str:
         """The paper's column name of task ``task``'s subset (for per-subset metrics)."""
@@ -216,7 +227,7 @@ class SearchQAEnv:
             item = self.tasks[int(task)]
         else:
             raise TypeError(f"task must be an int index, a QAItem or None, not {type(task).__name__}")
-        self._item, self._done, self._steps = item, False, 0
+        self._item, self._done, self._steps, self._searches = item, False, 0, 0
         return self._obs(START_TEXT)
 
     def step(self, action: str) -> StepResult:
@@ -235,6 +246,7 @@ class SearchQAEnv:
             else:
                 docs = self.data.retriever.search([query], self.topk)[0] if query else []
                 text = information(docs, protocol=self.protocol)
+                self._searches += 1
                 extra["doc_ids"] = [d["id"] for d in docs]
         else:
             answer = " ".join(m.group(2).split())
