@@ -250,6 +250,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
                                      report_to=o["report_to"], policy=o["policy"],
                                      checkpoint_optimizer=False if weights_only else None), set_)
+    cfg.validate_training()  # what only training needs (a server's goal count), before any data loads
     from icsd_audit.outputs import check_not_input
     from icsd_audit.runs.trackers import check_available, parse_report_to
 
@@ -274,6 +275,9 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
                                highlight=False, soft_wrap=True)
         return
+    if engine != "builtin" and (cfg.trust_eta, cfg.influence_eta) != (0.4, 0.5):
+        raise ValueError(f"trust_eta/influence_eta other than 0.4/0.5 are set on the builtin engine only; "
+                         f"drop --engine {engine} or the eta overrides")
     if engine == "trl":  # train() probes for the builtin engine
         from icsd_audit.train.loop import check_services
 

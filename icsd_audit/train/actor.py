@@ -104,11 +104,13 @@ class Distillation:
 
     enabled = True
 
-    def __init__(self, *, allocator: str, trust: str, trust_beta: float, eps: float, min_group: int, seed: int, coef: float):
+    def __init__(self, *, allocator: str, trust: str, trust_beta: float, eps: float, min_group: int, seed: int, coef: float,
+                 trust_eta: float = 0.4, influence_eta: float = 0.5):
         from icsd_audit.alloc.variants import get_allocator
 
         spec = get_allocator(allocator)  # fail early with the list of valid names
-        self.kwargs = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, eps=eps, min_group=min_group, seed=seed)
+        self.kwargs = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, eps=eps, min_group=min_group, seed=seed,
+                           trust_eta=trust_eta, influence_eta=influence_eta)
         self.coef = float(coef)
         #: The allocator reads the per-token score norm (``fisher``): it must exist before allocating.
         self.needs_score_norm = "score_norm" in spec.requires
@@ -137,7 +139,8 @@ def make_distillation(cfg: Any) -> Distillation | NoDistillation:
     if not cfg.distill_enabled:
         return NoDistillation()
     return Distillation(allocator=cfg.allocator, trust=cfg.trust, trust_beta=cfg.trust_beta, eps=cfg.alloc_eps,
-                        min_group=cfg.min_group, seed=cfg.alloc_seed, coef=cfg.effective_distill_coef)
+                        min_group=cfg.min_group, seed=cfg.alloc_seed, coef=cfg.effective_distill_coef,
+                        trust_eta=cfg.trust_eta, influence_eta=cfg.influence_eta)
 
 
 # --------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ class TrainConfig:
     alfworld_data: str | None = None
     """Official ALFWorld data folder (holding json_2.1.1/; train and valid_unseen games); None: $ALFWORLD_DATA, else the built-in generated games."""
     server_num_goals: int | None = None
-    """With env_url: how many goals the server loaded (its train split is every goal after the first 500)."""
+    """With env_url: how many goals the WebShop server loaded (its train split is every goal after the first 500, as in verl-agent); required to train against a server. WebShop prints it at start-up ('Loaded N goals.', web_agent_site/envs/web_agent_text_env.py)."""
     train_split: str = "train"
     """Task split rollouts draw from."""
     eval_split: str = "eval"
@@ -161,7 +161,7 @@ class TrainConfig:
     skill_match: str = "sdar"
     """Keyword rule of skill_mode='match': 'sdar' (SDAR's get_privileged_info_from_prompt: plain substrings on the whole lower-cased student prompt, every matching category) or 'instruction' (the bank's own rule on the task instruction only; whole words for the shipped banks)."""
     student_skills: str = "off"
-    """Retrieved skills in the *student* prompt too (paper's extended-table baselines): 'off', 'train' (rollouts and actor: Skill-GRPO), 'eval' (evaluation only: Skill-Prompt* without training) or 'both' (Skill-GRPO*, Skill-Prompt*); needs allocator='none'."""
+    """Retrieved skills in the *student* prompt too (paper's extended-table baselines): 'off', 'train' (rollouts and actor: Skill-GRPO), 'eval' (evaluation only: with icsd eval, the Skill-Prompt* baseline) or 'both' (Skill-GRPO*); 'train' and 'both' need allocator='none'."""
     skill_placement: str = "prefix"
     """'prefix' (SDAR: the skill block in front of the rendered student prompt) or 'user' (inside the user message)."""
 
@@ -196,6 +196,10 @@ class TrainConfig:
     """Base trust g: 'laplace' (paper), 'sigmoid' (SDAR's public code) or 'uniform'."""
     trust_beta: float = 5.0
     """Slope of the sigmoid trust."""
+    trust_eta: float = 0.4
+    """Split parameter eta of the Laplace trust map g (paper: 0.4; SPEC 3). Recorded in every dump's allocator block, from which the audit recomputes."""
+    influence_eta: float = 0.5
+    """Split parameter eta of the calibrated influence map m (paper: 0.5; SPEC 4); the paper's sensitivity figure sweeps it (docs/reproduce.md)."""
     distill_coef: float = 0.01
     """lambda: weight of the allocated distillation term lambda/|B| * sum c_t * l_KD_t (Table A1: 0.01)."""
     alloc_eps: float = 1e-4
@@ -278,8 +282,8 @@ class TrainConfig:
         return {
             "allocator": self.allocator,
             "trust": self.trust,
-            "trust_eta": 0.4,
-            "influence_eta": 0.5,
+            "trust_eta": self.trust_eta,
+            "influence_eta": self.influence_eta,
             "trust_beta": self.trust_beta,
             "eps": self.alloc_eps,
             "min_group": self.min_group,
@@ -390,6 +394,9 @@ class TrainConfig:
         need(0 <= self.gamma <= 1, f"gamma={self.gamma} must lie in [0, 1]")
         need(self.alloc_eps > 0, f"alloc_eps={self.alloc_eps} must be > 0")
         need(self.trust_beta > 0, f"trust_beta={self.trust_beta} must be > 0")
+        for name in ("trust_eta", "influence_eta"):
+            v = getattr(self, name)
+            need(0 < v < 1, f"{name}={v} must lie in (0, 1); the paper uses 0.4 (trust) and 0.5 (influence)")
         need(self.invalid_rule in INVALID_RULE_NAMES,
              f"invalid_rule={self.invalid_rule!r}: choose one of {list(INVALID_RULE_NAMES)}")
         need(self.reward in REWARDS, f"reward={self.reward!r}: choose one of {list(REWARDS)}")
@@ -432,6 +439,9 @@ class TrainConfig:
 
             need(engine_available(), ENGINE_HINT)
             need(not self.env_url, f"env_url={self.env_url!r}: ALFWorld runs in-process; unset env_url")
+        if self.env == "webshop" and self.env_url:
+            need(self.server_num_goals is None or self.server_num_goals > 500,
+                 f"server_num_goals={self.server_num_goals} must exceed the 500 held-out goals")
         need(self.alfworld_data is None or self.env == "alfworld",
              f"alfworld_data is set but env={self.env!r}; use --env alfworld or drop alfworld_data")
         if self.alfworld_data is not None:
@@ -467,6 +477,16 @@ class TrainConfig:
             if allowed and (not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed)):
                 p.append(f"{f.name}={v!r} must be {' or '.join(parts)}, not {type(v).__name__}")
         return p
+
+    def validate_training(self) -> "TrainConfig":
+        """:meth:`validate`, plus what only training (rollouts on the train split) needs; before any model loads."""
+        self.validate()
+        if self.env == "webshop" and self.env_url and self.train_split == "train" and self.server_num_goals is None:
+            raise ConfigError([
+                "env_url is set but server_num_goals is not: training on a WebShop server's train split (goals 500..N-1, "
+                "as verl-agent splits them) needs N, the number of goals the server loaded ('Loaded N goals.' in its "
+                "start-up log); add --set server_num_goals=N"])
+        return self
 
     def _searchqa_problems(self) -> list[str]:
         p = []

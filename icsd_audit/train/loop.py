@@ -247,7 +247,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     :class:`TrainingStopped` (exit code 143 / 130) says which steps are complete and how to
     continue.
     """
-    cfg.validate()
+    cfg.validate_training()  # before any model loads
     reporter = reporter or NullReporter()
     plan = plan_run(cfg, resume=resume, overwrite=overwrite)
     if env_factory is None:

@@ -54,7 +54,7 @@ def play(cfg: TrainConfig, *, policy: Any = None, env_factory: Callable[[str], T
     from icsd_audit.train.policy import ExpertPolicy, policy_tokenizer
     from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
 
-    cfg.validate()
+    cfg.validate_training()
     reporter = reporter or NullReporter()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,7 @@ def test_official_data_path_plays_the_same_way(tmp_path, monkeypatch):
 
 
 def test_parse_memo_changes_nothing_the_agent_sees(monkeypatch):
-    """Every observation and admissible list of a game is the same with TextWorld's own parsing."""
+    """Every observation and admissible list of a game is the same with TextWorld's own parsing and translation."""
     import textworld.logic as tw_logic
     from textworld.envs.pddl import textgen
 
@@ -156,7 +156,12 @@ def test_parse_memo_changes_nothing_the_agent_sees(monkeypatch):
         return seen
 
     memoized = play()
+    again = play()  # a second load of the same game is served by the PDDL-to-SAS memo
     for module in (textgen, tw_logic):
         assert module._parse_and_convert._icsd_memo
         monkeypatch.setattr(module, "_parse_and_convert", module._parse_and_convert._icsd_original)
-    assert play() == memoized
+    import fast_downward
+
+    assert fast_downward.pddl2sas._icsd_memo
+    monkeypatch.setattr(fast_downward, "pddl2sas", fast_downward.pddl2sas._icsd_original)
+    assert play() == memoized == again

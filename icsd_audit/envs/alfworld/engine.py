@@ -79,6 +79,40 @@ def memoize_parsing() -> None:
         memo._icsd_memo = True  # type: ignore[attr-defined]
         memo._icsd_original = original  # type: ignore[attr-defined]
         module._parse_and_convert = memo
+    _memoize_translation()
+
+
+def _memoize_translation() -> None:
+    """Translate each (domain, problem) from PDDL to SAS once per process (a 3x faster game load).
+
+    TextWorld's ``PddlState`` runs fast-downward's ``pddl2sas`` twice per load and twice per
+    reset (plain and optimised), about a second each for an ALFWorld problem; it is a pure
+    function of its text arguments. The memo returns a deep copy of the first result's
+    parsed task (callers keep objects of their own) and the same SAS text.
+    """
+    import copy
+
+    import fast_downward
+
+    original = fast_downward.pddl2sas
+    if getattr(original, "_icsd_memo", False):
+        return
+    cache: dict[tuple[str, str, bool], Any] = {}
+
+    def memo(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
+        if verbose:
+            return original(domain, problem, verbose=verbose, optimize=optimize)
+        key = (domain, problem, bool(optimize))
+        if key not in cache:
+            if len(cache) >= 64:  # a few dozen games' worth; a long run cycles through hundreds
+                cache.pop(next(iter(cache)))
+            cache[key] = original(domain, problem, verbose=False, optimize=optimize)
+        task, sas = cache[key]
+        return copy.deepcopy(task), sas
+
+    memo._icsd_memo = True  # type: ignore[attr-defined]
+    memo._icsd_original = original  # type: ignore[attr-defined]
+    fast_downward.pddl2sas = memo
 
 
 def make_game_env(*, expert: bool = False, memoize: bool = True) -> Any:
