@@ -72,3 +72,25 @@ def test_exactly_the_malformed_turns_are_penalised(tmp_path):
     assert np.allclose(adv, expect, atol=1e-5)
     (rec,) = res.records
     assert rec["rollout/invalid_rate"] == len(bad) / len(rows)
+
+
+def test_eval_config_passes_the_runs_rules_and_student_skills(monkeypatch):
+    """``icsd eval`` (evaluate_config): the config's invalid rule, and with student_skills='eval'
+    the retrieved skill in the student's prompt (Skill-Prompt*), placed as the teacher's."""
+    import icsd_audit.train.eval as ev
+    from icsd_audit.envs import make_env
+    from icsd_audit.train.prompts import SKILL_HEADER
+    from icsd_audit.train.rollout import turn_context
+
+    seen = {}
+    monkeypatch.setattr(ev, "evaluate", lambda **kw: seen.update(kw) or "result")
+    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", invalid_rule="admissible", student_skills="eval",
+                                  policy="expert", max_prompt_tokens=8192)  # byte-level tokens: no cut
+    assert ev.evaluate_config(cfg) == "result"
+    assert seen["invalid_rule"] == "admissible" and seen["model"] is None and seen["policy"].name == "expert"
+    ctx = turn_context(make_env("webshop", split="eval").reset(0), "webshop")
+    tok = seen["tokenizer"]
+    text = tok.decode(seen["builder"].student(ctx)[0])
+    assert text.startswith(SKILL_HEADER) and text.endswith(seen["builder"].student_text(ctx))
+    plain = ev.PromptBuilder.from_config(tok, cfg.replace(student_skills="off"))
+    assert plain.student(ctx)[0] == tok(plain.student_text(ctx), add_special_tokens=False).input_ids
