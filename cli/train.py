@@ -270,7 +270,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         from icsd_audit.train.metrics import PrintReporter
         from icsd_audit.train.policy_run import play
 
-        played = play(cfg, reporter=PrintReporter())
+        played = play(cfg, reporter=PrintReporter(), overwrite=overwrite)
         stderr_console().print(f"done: {len(played.records)} step(s) played by the {cfg.policy}; metrics "
                                f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
                                highlight=False, soft_wrap=True)

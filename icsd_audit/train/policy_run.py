@@ -5,7 +5,8 @@ from the same (seed, step) draw, ``group_size`` episodes each, the same prompt b
 reply parser, validity rule, reward shaping) with replies from a :class:`TurnPolicy`
 other than the model (the environment's expert, or a script), then the advantage
 estimator with the invalid-turn penalty, and logs what the loop logs for these phases.
-Nothing is trained: no teacher, reference or actor pass, no dumps, no checkpoint.
+Nothing is trained: no teacher, reference or actor pass, no dumps, no checkpoint. The
+run folder follows the training loop's rules (one run per folder, locked while written).
 
 The run folder gets ``config.json``, ``metrics.jsonl`` (one record per step: ``rollout/*``
 and the estimator's metrics, as the loop writes them), ``eval.jsonl`` (with
@@ -45,8 +46,24 @@ def _write_lines(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def play(cfg: TrainConfig, *, policy: Any = None, env_factory: Callable[[str], TextEnv] | None = None,
-         reporter: Any = None) -> PlayResult:
-    """Run ``cfg.total_steps`` rollout steps with ``policy`` (default: the expert) and log them."""
+         reporter: Any = None, overwrite: bool = False) -> PlayResult:
+    """Run ``cfg.total_steps`` rollout steps with ``policy`` (default: the expert) and log them.
+
+    The run folder follows the training loop's rules (:mod:`.rundir`): a folder holding
+    another run is refused unless ``overwrite`` (which moves it aside), and it is locked
+    while the steps are written.
+    """
+    from icsd_audit.outputs import check_not_input
+    from icsd_audit.train.rundir import check_run_folder, open_run_folder
+
+    cfg.validate_training()
+    check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")
+    check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
+    with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
+        return _play(cfg, policy=policy, env_factory=env_factory, reporter=reporter)
+
+
+def _play(cfg: TrainConfig, *, policy: Any, env_factory: Callable[[str], TextEnv] | None, reporter: Any) -> PlayResult:
     from icsd_audit.train.advantages import get_estimator
     from icsd_audit.train.eval import evaluate
     from icsd_audit.train.loop import ADV_OPTIONS, _default_env_factory, draw_tasks, seed_step
@@ -54,10 +71,8 @@ def play(cfg: TrainConfig, *, policy: Any = None, env_factory: Callable[[str], T
     from icsd_audit.train.policy import ExpertPolicy, policy_tokenizer
     from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
 
-    cfg.validate_training()
     reporter = reporter or NullReporter()
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = policy_tokenizer(cfg.model, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     policy = policy if policy is not None else ExpertPolicy(tokenizer)
     builder = PromptBuilder.from_config(tokenizer, cfg)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from icsd_audit.envs.expert import expert_reply
 from icsd_audit.train.config import TrainConfig
@@ -72,6 +73,10 @@ def test_exactly_the_malformed_turns_are_penalised(tmp_path):
     assert np.allclose(adv, expect, atol=1e-5)
     (rec,) = res.records
     assert rec["rollout/invalid_rate"] == len(bad) / len(rows)
+    from icsd_audit.train.rundir import RunFolderError
+
+    with pytest.raises(RunFolderError):  # one run per folder, as for training
+        play(cfg, policy=ScriptedPolicy(policy_tokenizer("tiny-random"), script))
 
 
 def test_eval_config_passes_the_runs_rules_and_student_skills(monkeypatch):
