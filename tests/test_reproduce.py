@@ -172,6 +172,8 @@ class Workspace:
         from tests.envs import test_webshop_server as ws
 
         self.root = root
+        for shared in ("examples",):  # the page reads the repository's example runs by relative path
+            (root / shared).symlink_to(ROOT / shared, target_is_directory=True)
         fake = ws.FakeWebShop()
         self.servers = []
         shop, shop_url = _serve(ws.make_handler(fake))
@@ -196,8 +198,12 @@ def _label(i: int, argv: list[str]) -> str:
     return "-".join(x for x in [f"{i:02d}", argv[0], *words[:1], env, alloc, tag] if x).replace("/", "_")[:60]
 
 
+#: tables built from ALFWorld runs only (Table 3: Qwen3 on ALFWorld, Table 4: the ALFWorld ablation)
+ALFWORLD_TABLES = ("paper-3", "paper-4")
+
+
 def _needs_alfworld(argv: list[str]) -> bool:
-    return any("alfworld" in a for a in argv)
+    return any("alfworld" in a for a in argv) or any(t in argv for t in ALFWORLD_TABLES)
 
 
 _COMMANDS: list[list[str]] = []
