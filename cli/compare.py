@@ -94,6 +94,8 @@ def compare_cmd(
         return
     if metric is None:
         raise fail("--metric is required (e.g. --metric eval/success) unless --table is given")
+    if fmt != "markdown":
+        raise fail(f"--format {fmt} applies to --table only (the comparison: the terminal table, --json or --out)")
     from icsd_audit.runs.compare import compare_runs
 
     cmp = compare_runs(runs, metric=metric, group_by=_names(group_by), baseline=baseline, **common)
