@@ -192,6 +192,11 @@ def test_icsd_sync_driver_step(setup, tmp_path):
             R = fields["responses"][i].numel()
             assert torch.equal(store.rows[("train", keys[i])][iv.C_KEY], ref.c[j, :R].float())
     assert metrics["icsd/mini_batches"] == 2.0 and "icsd/tcm_icsd" in metrics
+    # the mechanism metrics verl's trainer.logger carries (values: tests/integrations/test_mechanism_metrics.py)
+    assert np.isclose(metrics["icsd/tcm"], metrics["icsd/tcm_icsd"], equal_nan=True)
+    assert sum(metrics[f"icsd/share/{r}"] for r in ("pos_delta_pos_adv", "pos_delta_neg_adv", "neg_delta_pos_adv",
+                                                     "neg_delta_neg_adv", "neutral")) == pytest.approx(1.0)
+    assert metrics["icsd/c_mass"] == pytest.approx(metrics["icsd/g_mass"]) and 0 <= metrics["icsd/fallback_share"] <= 1
 
     from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.dumps.coeffs import compute_coefficients
