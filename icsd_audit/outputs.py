@@ -287,18 +287,47 @@ def publish_directory(out: str | Path, files: Mapping[str, bytes], *, owned: Cal
                     os.chmod(path.parent, 0o777 & ~umask)
                 with open(path, "wb") as fh:
                     fh.write(data)
-            if not os.path.lexists(target):
-                os.rename(new, target)
-                new = None  # type: ignore[assignment]
-            elif not _exchange(new, target):  # after an exchange ``new`` holds the old set
-                old = Path(tempfile.mkdtemp(prefix=_prefix(target, "old"), dir=target.parent))
-                os.rename(target, old / "d")
-                os.rename(new, target)
-                new = old
+            new = _swap_in(new, target)
     finally:
         if new is not None:
             shutil.rmtree(new, ignore_errors=True)
     return {rel: out / rel for rel in files}
+
+
+def _swap_in(new: Path, target: Path) -> Path | None:
+    """Put the complete directory ``new`` at ``target``; returns what is left to delete (the old set, or None).
+
+    Another publisher may create or swap ``target`` between any two steps (two
+    reports into one new folder at the same instant): a rename onto a directory it
+    has just created fails with ENOTEMPTY, an exchange or move of a ``target`` it has
+    just moved away with ENOENT.  Each such step is retried against the new state, so
+    both publishers succeed and ``target`` ends as one publisher's whole set, as when
+    the two ran one after the other.
+    """
+    retry = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT)
+    for _ in range(1000):
+        try:
+            if not os.path.lexists(target):
+                os.rename(new, target)
+                return None
+            if _exchange(new, target):  # after an exchange ``new`` holds the old set
+                return new
+            old = Path(tempfile.mkdtemp(prefix=_prefix(target, "old"), dir=target.parent))
+            try:
+                os.rename(target, old / "d")
+            except OSError:
+                os.rmdir(old)
+                raise
+            try:
+                os.rename(new, target)
+            except OSError:
+                shutil.rmtree(old, ignore_errors=True)  # the set moved aside was the other publisher's, now replaced
+                raise
+            return old
+        except OSError as exc:
+            if exc.errno not in retry:
+                raise
+    raise OSError(errno.EBUSY, "another process keeps replacing this directory", str(target))
 
 
 # --------------------------------------------------------------------------- outputs apart from inputs
