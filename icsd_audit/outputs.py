@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["OutputError", "check_output_file", "check_output_dir", "publish_directory", "temp_dir", "remove_stale",
            "terminate_cleanly", "staging_dir", "temp_prefix", "write_text_atomic", "check_not_input", "GracefulStop",
-           "Stopped"]
+           "Stopped", "write_failed", "reserve"]
 
 
 class OutputError(ValueError):
@@ -42,6 +42,45 @@ class OutputError(ValueError):
     def __init__(self, path: Path | str, message: str):
         super().__init__(f"{path}: {message}")
         self.path = str(path)
+
+
+def write_failed(exc: OSError, path: str | Path, what: str = "cannot write") -> OSError:
+    """``exc`` (a full disk, an I/O error) as an OSError naming ``path`` and what failed.
+
+    Writes fail with the path of a hidden temporary or none at all (pyarrow's
+    "Error writing bytes to file", ``write()``'s bare errno); the user needs the
+    output they asked for and what went wrong: ``PATH: cannot write: No space left
+    on device``.
+    """
+    if exc.errno:
+        reason = os.strerror(exc.errno)
+    else:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return OSError(exc.errno or errno.EIO, f"{what}: {reason}", str(path))
+
+
+def reserve(fd: int, size: int) -> None:
+    """Give the file ``fd`` ``size`` bytes of disk now, so a full disk fails here, not later.
+
+    A memory map written into an unreserved (sparse) file on a full disk dies with
+    SIGBUS; ``posix_fallocate`` reserves the blocks (or fails with ENOSPC as an
+    ordinary OSError).  Where the file system cannot reserve, zeros are written.
+    """
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except AttributeError:  # no posix_fallocate on this platform (macOS)
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
+            raise
+    chunk = bytes(min(size, 1 << 24))
+    os.lseek(fd, 0, os.SEEK_SET)
+    done = 0
+    while done < size:
+        done += os.write(fd, chunk[: min(len(chunk), size - done)])
 
 
 def _input_files(inputs: Sequence[str | Path]) -> list[Path]:
@@ -172,7 +211,10 @@ def remove_stale(parent: str | Path) -> list[Path]:
 def _mkdtemp(target: Path, kind: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), dir=target.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), dir=target.parent))
+    except OSError as exc:
+        raise write_failed(exc, target, "cannot create a temporary directory next to it") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared report once swapped in
@@ -285,8 +327,11 @@ def publish_directory(out: str | Path, files: Mapping[str, bytes], *, owned: Cal
                 if path.parent != new and not path.parent.is_dir():
                     path.parent.mkdir(parents=True)
                     os.chmod(path.parent, 0o777 & ~umask)
-                with open(path, "wb") as fh:
-                    fh.write(data)
+                try:
+                    with open(path, "wb") as fh:
+                        fh.write(data)
+                except OSError as exc:  # a full disk: name the file asked for, not the hidden temporary
+                    raise write_failed(exc, out / rel) from None
             new = _swap_in(new, target)
     finally:
         if new is not None:

@@ -6,8 +6,9 @@ a disk-backed array indexed by input row, then a second pass streams the input r
 groups in order and appends them, so the output keeps the input row order without
 holding the run in memory.
 
-The scratch directory (memmaps of up to 40 bytes per row, and the output until it
-is complete) is a hidden sibling of the output named ``.{out}.icsd-coeffs-{host}-{pid}-*``
+The scratch directory (memory maps of 33 bytes per row, their disk space reserved
+before the first write so a full disk is an error rather than SIGBUS, and the output
+until it is complete) is a hidden sibling of the output named ``.{out}.icsd-coeffs-{host}-{pid}-*``
 holding no ``*.parquet`` file, so a reader pointed at the output's directory never
 reads it; it is removed on success, on any error and on SIGTERM, and a later run
 removes those of processes killed outright (``kill -9``).
@@ -15,6 +16,7 @@ removes those of processes killed outright (``kill -9``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
 from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBatch
 from icsd_audit.alloc.segments import dense_ids, segment_sum
-from icsd_audit.outputs import check_output_file, temp_dir
+from icsd_audit.outputs import check_output_file, reserve, temp_dir, write_failed
 
 __all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients", "merged_metadata"]
 
@@ -78,9 +80,8 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     schema = _output_schema(reader)
     summary = CoeffsSummary(n_rows=reader.n_rows)
     with temp_dir(out, "coeffs") as tmp:
-        store = {k: np.lib.format.open_memmap(Path(tmp) / f"{k}.npy", mode="w+", dtype=np.float64, shape=(reader.n_rows,))
-                 for k in ("g", "u", "m", "c")}
-        fb = np.lib.format.open_memmap(Path(tmp) / "fallback.npy", mode="w+", dtype=np.bool_, shape=(reader.n_rows,))
+        store = {k: _scratch(Path(tmp) / f"{k}.f64", np.float64, reader.n_rows, out) for k in ("g", "u", "m", "c")}
+        fb = _scratch(Path(tmp) / "fallback.bool", np.bool_, reader.n_rows, out)
         for batch, alloc in iter_allocations(reader, opts):
             for k in store:
                 store[k][batch.global_row] = getattr(alloc, k).numpy()
@@ -112,11 +113,32 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
                     writer = pq.ParquetWriter(tmp_out, full, compression="zstd",
                                               use_dictionary=dictionary_columns(full))
                 writer.write_table(table.select(writer.schema.names).cast(writer.schema))
-        finally:
             if writer is not None:
                 writer.close()
+        except OSError as exc:  # a full disk: name the output asked for, not the scratch file (removed)
+            raise write_failed(exc, out) from None
+        finally:
+            if writer is not None and writer.is_open:
+                with contextlib.suppress(OSError):
+                    writer.close()
         tmp_out.replace(out)
     return summary
+
+
+def _scratch(path: Path, dtype: Any, n: int, out: Path) -> np.ndarray:
+    """A zeroed array of ``n`` values mapped onto ``path``, its disk space reserved first.
+
+    Writing a memory map whose file has no blocks yet kills the process with SIGBUS
+    on a full disk; reserving them first makes a full disk one OSError here, naming
+    the output whose scratch it is.
+    """
+    size = n * np.dtype(dtype).itemsize
+    try:
+        with open(path, "wb") as fh:
+            reserve(fh.fileno(), size)
+    except OSError as exc:
+        raise write_failed(exc, out, f"cannot reserve {size / 1e6:,.1f} MB of scratch space next to it") from None
+    return np.memmap(path, dtype=dtype, mode="r+", shape=(n,))
 
 
 def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:

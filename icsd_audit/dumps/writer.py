@@ -97,8 +97,13 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     try:
-        pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
-                       use_dictionary=dictionary_columns(table.schema))
+        try:
+            pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
+                           use_dictionary=dictionary_columns(table.schema))
+        except OSError as exc:  # a full disk: name the shard asked for, not the temporary (removed below)
+            from icsd_audit.outputs import write_failed
+
+            raise write_failed(exc, path) from None
         if exclusive:
             _publish_exclusive(tmp, path)
         else:
