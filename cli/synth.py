@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from . import options as O
 from .common import handle_errors, stderr_console
 from .apps import app
 
@@ -14,10 +15,10 @@ from .apps import app
 @handle_errors
 def synth(
     out: Path = typer.Argument(..., help="Output directory (one shard per batch)."),
-    tokens: int = typer.Option(200_000, "--tokens", "-n", help="Total tokens across batches."),
-    batches: int = typer.Option(4, help="Number of actor mini-batches."),
-    seed: int = typer.Option(0, help="Random seed."),
-    step: int = typer.Option(0, help="Value of the step column."),
+    tokens: int = typer.Option(200_000, "--tokens", "-n", help="Total tokens across batches.", callback=O.AT_LEAST_1),
+    batches: int = typer.Option(4, help="Number of actor mini-batches.", callback=O.AT_LEAST_1),
+    seed: int = typer.Option(0, help="Random seed.", callback=O.SEED_RANGE),
+    step: int = typer.Option(0, help="Value of the step column.", callback=O.NON_NEGATIVE),
 ) -> None:
     """Write GiGPO-like synthetic token dumps, labelled synthetic in their metadata.
 

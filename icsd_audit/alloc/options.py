@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 import numpy as np
 
 from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, Allocation, allocate,
-                                       get_allocator)
+                                       check_settings, get_allocator)
 from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "weighted_batches", "required_columns"]
@@ -34,6 +34,10 @@ class AllocatorOptions:
     min_group: int = MIN_GROUP
     eps: float = EPS
     seed: int = 0
+
+    def __post_init__(self) -> None:  # before any dump is read, not at the first batch
+        check_settings(trust_beta=self.trust_beta, trust_eta=self.trust_eta, influence_eta=self.influence_eta,
+                       eps=self.eps, min_group=self.min_group)
 
     def kwargs(self) -> dict[str, Any]:
         return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, trust_eta=self.trust_eta,

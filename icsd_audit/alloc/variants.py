@@ -34,6 +34,7 @@ __all__ = [
     "AllocatorSpec",
     "Layout",
     "allocate",
+    "check_settings",
     "allocator_names",
     "get_trust",
     "ValidTokens",
@@ -495,10 +496,8 @@ def allocate(
         raise ValueError(f"allocator {allocator!r} needs the per-token 'score_norm' column (SPEC 5); "
                          "dumps written by `icsd train` carry it, others must add it")
     trust_fn = get_trust("uniform" if spec.combine == "uniform" else trust)
-    if min_group < 1:
-        raise ValueError(f"min_group must be >= 1, got {min_group}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    check_settings(trust_beta=trust_beta, trust_eta=trust_eta, influence_eta=influence_eta, eps=eps,
+                   min_group=min_group)
     if "score_norm" not in spec.requires:
         score_norm = None  # only the allocators that use it carry it through
     tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid, score_norm)
@@ -522,6 +521,23 @@ def allocate(
     diag = _merge_diagnostics([p[1] for p in parts], n_fallback=int(fallback.sum()))
     return Allocation(g=tok.scatter(g), u=tok.scatter(u), m=tok.scatter(m), c=tok.scatter(c),
                       fallback=tok.scatter(fallback), diagnostics=diag)
+
+
+def check_settings(*, trust_beta: float = SIGMOID_BETA, trust_eta: float = TRUST_ETA,
+                   influence_eta: float = INFLUENCE_ETA, eps: float = EPS, min_group: int = MIN_GROUP) -> None:
+    """Refuse settings no allocation can use, as training does (a NaN slope made every g NaN).
+
+    ``trust_beta`` and ``eps`` finite and > 0, the Laplace maps' ``eta`` in (0, 1),
+    ``min_group`` an integer >= 1.
+    """
+    for name, v in (("trust_beta", trust_beta), ("eps", eps)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    for name, v in (("trust_eta", trust_eta), ("influence_eta", influence_eta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise ValueError(f"{name} must lie in (0, 1), got {v!r}")
+    if isinstance(min_group, bool) or int(min_group) != min_group or min_group < 1:
+        raise ValueError(f"min_group must be an integer >= 1, got {min_group!r}")
 
 
 def _token_tensors(tokens: Tokens | None, **arrays: Tensor | None) -> tuple[Tensor | None, ...]:

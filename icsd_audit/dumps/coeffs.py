@@ -32,6 +32,7 @@ from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
 from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBatch
 from icsd_audit.alloc.segments import dense_ids, segment_sum
+from icsd_audit.stats.budget import check_resources
 from icsd_audit.outputs import check_output_file, reserve, temp_dir, write_failed
 
 __all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients", "merged_metadata"]
@@ -78,6 +79,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     out = check_output_file(out, paths)
     reader = DumpReader(paths, columns=None, require=required_columns(opts.allocator))
     schema = _output_schema(reader)
+    check_resources(reader, workers=1)
     summary = CoeffsSummary(n_rows=reader.n_rows)
     with temp_dir(out, "coeffs") as tmp:
         store = {k: _scratch(Path(tmp) / f"{k}.f64", np.float64, reader.n_rows, out) for k in ("g", "u", "m", "c")}

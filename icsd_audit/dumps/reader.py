@@ -307,7 +307,8 @@ class DumpReader:
                     raise DumpError(path, "null value", column="batch_id", row=offset + row)
                 ids = col.to_numpy()
                 # (return_counts skips NumPy's lazy import of numpy.ma, ~10 ms)
-                groups.append((gi, n, offset, np.unique(ids, return_counts=True)[0].tolist()))
+                uniq, counts = np.unique(ids, return_counts=True)
+                groups.append((gi, n, offset, uniq.tolist(), counts.tolist()))
                 offset += n
             opened.append((path, pf, meta, groups))
         opened = _drop_superseded(opened)
@@ -317,12 +318,14 @@ class DumpReader:
         self._groups: list[_Group] = []
         self._batches: "OrderedDict[int, list[int]]" = OrderedDict()
         total = 0
+        self._batch_rows: dict[int, int] = {}
         for fi, (_, _, _, groups) in enumerate(opened):
-            for gi, n, offset, ids in groups:
+            for gi, n, offset, ids, counts in groups:
                 group_no = len(self._groups)
                 self._groups.append(_Group(fi, gi, n, offset, total))
-                for b in ids:
+                for b, rows in zip(ids, counts):
                     self._batches.setdefault(int(b), []).append(group_no)
+                    self._batch_rows[int(b)] = self._batch_rows.get(int(b), 0) + int(rows)
                 total += n
         if total == 0:
             raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
@@ -360,6 +363,11 @@ class DumpReader:
     @property
     def batch_ids(self) -> list[int]:
         return list(self._batches)
+
+    def largest_batch(self) -> tuple[int, int]:
+        """(batch id, rows) of the batch with the most rows (known from the ``batch_id`` column read at open)."""
+        b = max(self._batch_rows, key=self._batch_rows.__getitem__)
+        return b, self._batch_rows[b]
 
     def metadata(self) -> list[dict]:
         """Each file's checked ``icsd.dump`` blob ({} where absent)."""

@@ -21,6 +21,7 @@ import torch
 
 from icsd_audit.alloc.options import AllocatorOptions, required_columns, weight_pair
 from icsd_audit.stats.bootstrap import BootstrapResult, batch_bootstrap_mean
+from icsd_audit.stats.budget import GRADCOS_STATISTICS, check_bootstrap, check_resources
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch
 from icsd_audit.grads.compat import cosines, factors_from_columns, jackknife_replicates, jackknife_se, rl_weights
 from icsd_audit.alloc.permutation import permuted_coefficients
@@ -285,8 +286,10 @@ def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions, compare:
         raise ValueError(f"permutations must be >= 0, got {permutations}")
     if blocks < 0:
         raise ValueError(f"blocks must be >= 0 (0: no jackknife), got {blocks}")
+    check_bootstrap(n_resamples, GRADCOS_STATISTICS)
     reader = DumpReader(paths, columns=None, require=required_columns(base.allocator, compare.allocator))
     with_perm = compare.allocator == "icsd" and permutations > 0
+    check_resources(reader, workers=1, permutations=permutations if with_perm else 0, n_resamples=n_resamples)
     rows = CosineRows(with_perm=with_perm, clip_eps=clip_eps, dual_clip=dual_clip)
     for batch in reader:
         path = str(reader.paths[int(batch.file_index[0])])

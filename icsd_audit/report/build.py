@@ -32,6 +32,7 @@ from icsd_audit.grads.cosines import CosineRows, GradcosSummary, batch_cosines, 
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
+from icsd_audit.stats.budget import check_resources
 
 __all__ = [
     "ReportOptions",
@@ -105,6 +106,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
     reader = DumpReader(paths, columns=["step", "env", *sketch_cols], require=required_columns(opts.base, opts.compare))
+    check_resources(reader, workers=1, landscape=True, permutations=opts.permutations if sketch_cols else None,
+                    n_resamples=opts.n_resamples)
     acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                   compare_name=opts.compare)
     pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)

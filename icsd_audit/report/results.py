@@ -88,6 +88,11 @@ class ReportOptions:
             raise ValueError(f"permutations must be >= 0, got {self.permutations}")
         if not self.eps > 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
+        from icsd_audit.stats.budget import LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid
+
+        check_grid(self.grid)
+        check_bootstrap(self.n_resamples, audit_statistic_count(("tcm", "quadrants", "shift", "clip"), self.n_bins)
+                        + LANDSCAPE_STATISTICS)
 
     def allocator(self, name: str, seed: int | None = None) -> AllocatorOptions:
         return AllocatorOptions(allocator=name, trust=self.trust, trust_beta=self.trust_beta,

@@ -20,6 +20,8 @@ from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighte
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
 from icsd_audit.stats.landscape import LandscapeRanks
+from icsd_audit.stats.budget import (LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid,
+                                     check_resources)
 
 __all__ = ["AuditRequest", "run_audit", "run_landscape", "landscape_ranks", "BY_COLUMNS"]
 
@@ -60,8 +62,13 @@ def run_audit(
     progress: Callable[[int, int], None] | None = None,
 ) -> AuditResults:
     """Stream every batch of ``paths`` into one accumulator and bootstrap once."""
+    n_stat = audit_statistic_count(tuple(statistics), req.n_bins)
+    check_bootstrap(req.n_resamples, n_stat)
     columns = [req.by] if req.by else []
     reader = DumpReader(paths, columns=columns, require=required_columns(req.base.allocator, req.compare.allocator))
+    check_resources(reader, workers=req.workers)
+    if req.unit == "batch":
+        check_bootstrap(req.n_resamples, n_stat, n_batches=len(reader.batch_ids))
     acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
                            n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
     n = len(reader.batch_ids)
@@ -99,7 +106,10 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int =
     stream, so memory stays a few floats per turn plus 4 bytes per token during the
     first pass.
     """
+    check_grid(grid)
+    check_bootstrap(req.n_resamples, LANDSCAPE_STATISTICS)
     reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
+    check_resources(reader, workers=req.workers, landscape=True)
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
                                ranks=landscape_ranks(reader, grid))
     for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):

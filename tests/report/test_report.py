@@ -247,15 +247,11 @@ def test_cli_report_and_figures(tmp_path: Path) -> None:
     (["audit", "report", "{ex}", "--out", "{out}", "--confidence", "1.5"], "confidence"),
 ])
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
-    from typer.testing import CliRunner
-
-    from icsd_audit.cli.main import app
+    from tests.cli.test_outputs import cli, one_line_exit_2
 
     out = tmp_path / "out"
     argv = [a.format(ex=EXAMPLES, out=out, missing=tmp_path / "nope") for a in args]
-    res = CliRunner().invoke(app, argv)
-    assert res.exit_code == 2
-    assert message in res.output and res.output.count("\n") == 1
+    one_line_exit_2(cli(*argv), message)  # the console script's entry: usage errors are one line too
     assert not out.exists()
 
 
