@@ -55,12 +55,6 @@ def synth_tokens(
     turn_start = np.r_[0, np.cumsum(lengths)[:-1]]
     traj_start_tok = turn_start[first_turn]
     batch_of_traj = np.minimum(traj_start_tok * n_batches // n_tokens, n_batches - 1)
-    filled = np.unique(batch_of_traj).size
-    if filled < n_batches:
-        raise ValueError(f"{n_tokens:,} tokens make {batch_of_traj.size:,} trajector{'y' if batch_of_traj.size == 1 else 'ies'}"
-                         f", which fill only {filled} of the {n_batches:,} batches asked for (a batch holds whole "
-                         f"trajectories, about {(max_turns + 1) / 2 * mean_turn_tokens:.0f} tokens each on average); ask for "
-                         "more --tokens or fewer --batches")
     batch_of_turn = batch_of_traj[traj_of_turn]
 
     # GiGPO-like advantages: an episode part per trajectory plus a step part per turn,

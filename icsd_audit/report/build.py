@@ -106,7 +106,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
     reader = DumpReader(paths, columns=["step", "env", *sketch_cols], require=required_columns(opts.base, opts.compare))
-    check_resources(reader, workers=1, landscape=True, permutations=opts.permutations if sketch_cols else None,
+    check_resources(reader, workers=workers, landscape=True, permutations=opts.permutations if sketch_cols else None,
                     n_resamples=opts.n_resamples)
     acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                   compare_name=opts.compare)

@@ -40,6 +40,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from icsd_audit.stats.budget import check_families
 from icsd_audit.stats.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
@@ -454,6 +455,7 @@ def bootstrap_ratio_families(
     chunk_size = _check_chunk(chunk_size)
     seed = stream_seed(rng)
     preps = [_prepare(f) for f in families]
+    check_families(n_resamples, [(len(p.gvalues), len(p.names)) for p in preps])  # one line, not a MemoryError
     reps = []
     for p in preps:
         n_stat = len(p.names)

@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["ResourceError", "MAX_GRID", "memory_limit", "check_memory", "bootstrap_bytes",
            "landscape_bytes", "check_grid", "check_bootstrap", "check_batches", "check_permutations",
-           "audit_statistic_count", "BATCH_ROW_BYTES", "LANDSCAPE_STATISTICS", "GRADCOS_STATISTICS", "check_resources"]
+           "audit_statistic_count", "BATCH_ROW_BYTES", "LANDSCAPE_STATISTICS", "GRADCOS_STATISTICS", "check_resources", "check_families"]
 
 #: the largest landscape grid (bins per axis): its cells grow as grid^2 and its smoothing as grid^3
 MAX_GRID = 1000
@@ -36,10 +36,11 @@ GRADCOS_STATISTICS = 6
 #: bytes per row of a batch while it is allocated (token arrays, Arrow table, g/u/m/c and temporaries;
 #: measured 166-264 on 1M- and 2M-row batches)
 BATCH_ROW_BYTES = 300
-#: bytes per landscape cell per environment: grids, smoothing products and their JSON form
-_CELL_BYTES = 400
-#: bytes per valid token the landscape pools across batches (mid-ranks are over the whole run)
-_LANDSCAPE_ROW_BYTES = 300
+#: bytes per landscape cell per environment: grids, smoothing, their JSON and, in a report, the figure and the
+#: HTML (measured at grid 1000: 1 GB per environment for a report, 0.1 GB for ``landscape --json``)
+_CELL_BYTES = 1000
+#: bytes per valid token of the landscape's first pass (delta as stored, float32, and its sorted copy)
+_LANDSCAPE_ROW_BYTES = 8
 _ENV = "ICSD_MEMORY_LIMIT"
 
 
@@ -164,6 +165,16 @@ def check_bootstrap(n_resamples: int, n_statistics: int, n_groups: int = 1, *, n
     check_memory(f"--resamples {r}", need, f"{r:,} resamples x {n_statistics} statistics"
                  + (f" x {n_groups:,} groups" if n_groups > 1 else "")
                  + (f", {n_batches:,} batches drawn per resample" if n_batches else ""))
+
+
+def check_families(n_resamples: int, shapes: list[tuple[int, int]]) -> None:
+    """The exact check once the data are read: ``shapes`` holds (groups, statistics) of each bootstrapped family."""
+    r = _whole("--resamples", n_resamples, 1)
+    need = sum(bootstrap_bytes(r, k, g) for g, k in shapes)
+    k_all, g_max = sum(k for _, k in shapes), max((g for g, _ in shapes), default=1)
+    check_memory(f"--resamples {r}", need, f"{r:,} resamples x {k_all} statistics"
+                 + (f" in up to {g_max:,} groups, {sum(g * k for g, k in shapes):,} values per resample"
+                    if g_max > 1 else ""))
 
 
 def check_permutations(permutations: int, batch_rows: int) -> None:

@@ -77,7 +77,7 @@ def test_grid_beyond_the_cap(dump: Path, no_allocation: None) -> None:
         cells = g * g
         for cmd in (["audit", "landscape", str(dump)], ["audit", "report", str(dump), "--out", "unused"]):
             line = one_line_exit_2(cli(*cmd, "--grid", str(g)))
-            size = cells * 400  # 400 bytes per cell and environment
+            size = cells * 1000  # 1000 bytes per cell and environment (a report's grids, JSON, figure, HTML)
             shown = _gib(size) if size < 1 << 40 else f"{size / (1 << 40):,.1f} TiB"
             assert line == (f"error: --grid {g}: at most 1,000 bins per axis; {g:,} x {g:,} = {cells:,} cells per "
                             f"environment would need about {shown} of memory and {8 * g ** 3:.1e} floating-point "
@@ -122,7 +122,7 @@ def test_groups_of_by_are_counted_once_known(tmp_path: Path, monkeypatch: pytest
     assert need_one < limit < need_all
     monkeypatch.setenv("ICSD_MEMORY_LIMIT", str(limit))
     line = one_line_exit_2(cli("audit", "tcm", str(dump), "--resamples", str(r), "--by", "task"))
-    assert f"({r:,} resamples x 3 statistics x {tasks} groups)" in line
+    assert f"({r:,} resamples x 3 statistics in up to {tasks} groups, {3 * tasks} values per resample)" in line
 
 
 def test_permutations_and_batch_size_against_memory(dump: Path, monkeypatch: pytest.MonkeyPatch,
@@ -183,8 +183,22 @@ def test_statistic_count_matches_the_accumulator(statistics: tuple[str, ...], n_
     acc = AuditAccumulator(statistics=statistics, n_bins=n_bins)
     w = np.random.default_rng(0).random(3000)
     acc.add(t, Weights(w, w * 1.5 + 0.1))
-    res = acc.finalize(n_resamples=20, rng=0)
-    assert len(res.raw.names) == audit_statistic_count(statistics, n_bins)
+    fams = acc.families()
+    assert sum(len(f.numerator_index) + len(f.differences) for _, f in fams) == audit_statistic_count(statistics, n_bins)
+
+
+def test_landscape_statistic_count_matches_the_accumulator() -> None:
+    from icsd_audit.stats.api import LandscapeAccumulator
+    from icsd_audit.stats.budget import LANDSCAPE_STATISTICS
+    from icsd_audit.tokens import Tokens, Weights
+
+    cols = synth_tokens(3000, seed=1, n_batches=1)
+    t = Tokens.from_mapping({k: cols[k].astype(np.float64) if cols[k].dtype.kind == "f" else cols[k] for k in cols})
+    acc = LandscapeAccumulator(grid=10)
+    w = np.random.default_rng(0).random(3000)
+    acc.add(t, Weights(w, w * 1.5 + 0.1))
+    ((_, fam),) = acc.families()
+    assert len(fam.numerator_index) + len(fam.differences) == LANDSCAPE_STATISTICS
 
 
 def test_library_refuses_bad_allocator_settings() -> None:
