@@ -57,6 +57,10 @@ def synth(
     except Stopped as exc:
         print(f"stopped by {exc.signal_name}: nothing was written ({out} not created)", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:  # a full disk: name the shard under OUT, not the hidden folder removed below
+        if staged is None or not str(exc.filename or "").startswith(f"{staged}{os.sep}"):
+            raise
+        raise OSError(exc.errno, exc.strerror, str(out / os.path.relpath(exc.filename, staged))) from None
     finally:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
