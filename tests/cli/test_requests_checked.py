@@ -36,11 +36,13 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def no_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if any batch is allocated: the checks must come first."""
     import icsd_audit.alloc.options as alloc_options
+    import icsd_audit.dumps.coeffs as coeffs  # imported first: it binds allocate_batch by name
 
     def never(*args: object, **kw: object) -> None:
         raise AssertionError("a batch was allocated before the request was checked")
 
-    monkeypatch.setattr(alloc_options, "allocate_batch", never)
+    for module in (alloc_options, coeffs):
+        monkeypatch.setattr(module, "allocate_batch", never)
 
 
 @pytest.mark.parametrize("args,line", [
