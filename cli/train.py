@@ -13,7 +13,7 @@ from .apps import app
 
 
 #: What ``pip install 'icsd-audit[train]'`` adds (pyproject.toml), by import name.
-TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors")
+TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors", "peft")
 
 
 def _require_train_extra(command: str) -> None:
@@ -162,6 +162,14 @@ def train_cmd(
         None, help="Per-token gradient sketches in the dumps (for `icsd audit gradcos`): k projections per side; 0: off."),
     sketch_layers: Optional[str] = typer.Option(
         None, help="Layers to sketch: auto (LM head + last block's o_proj and MLP) or comma-separated module names."),
+    lora: Optional[int] = typer.Option(
+        None, "--lora", help="Train rank-R LoRA adapters (peft) instead of every weight; 0: full fine-tuning."),
+    lora_alpha: Optional[float] = typer.Option(None, help="LoRA scaling alpha (default 2 * R)."),
+    lora_targets: Optional[str] = typer.Option(
+        None, help="Modules that get adapters: all-linear (default: every linear of the decoder blocks, not the LM "
+                   "head) or comma-separated names, e.g. q_proj,v_proj."),
+    init: Optional[Path] = typer.Option(
+        None, help="Start from this folder: a LoRA adapter (icsd train checkpoints, icsd sft) or a full model folder."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out from its newest complete checkpoint (from step 0 when it has "
                                 "none; a new run when --out is empty)."),
@@ -199,6 +207,8 @@ def train_cmd(
 
     Expert rollouts (no gradient): icsd train --env searchqa --model tiny-random --policy expert --steps 1 --out runs/expert
 
+    LoRA: icsd train --preset cpu-demo --lora 8 --set lr=1e-4 --out runs/lora (checkpoints hold the adapter only); a warm start: --init ADAPTER_DIR.
+
     ALFWorld: icsd train --env alfworld --preset cpu-demo --out runs/alf (generated games; --set alfworld_data=PATH or $ALFWORLD_DATA for the official ones).
     """
     if list_fields:
@@ -214,7 +224,8 @@ def train_cmd(
                                 allocator=allocator, trust=trust, distill_coef=distill_coef, seed=seed, device=device,
                                 eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
                                 sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
-                                weights_only=weights_only, report_to=report_to, policy=policy), resume=resume,
+                                weights_only=weights_only, report_to=report_to, policy=policy, lora=lora,
+                                lora_alpha=lora_alpha, lora_targets=lora_targets, init=init), resume=resume,
                    resume_from=resume_from, overwrite=overwrite,
                    set_=set_, plain=plain, engine=engine)
     except Stopped as exc:
@@ -242,13 +253,20 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     from icsd_audit.train.loop import train
     from icsd_audit.train.metrics import PrintReporter
 
-    cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=o["model"],
+    model, init = o["model"], o["init"]
+    if init is not None and model is None:  # an adapter names its base: --init alone is enough
+        from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+
+        model = read_adapter_meta(init).get("base_model") if is_adapter_dir(init) else None
+    cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=model,
                                      out_dir=None if out is None else str(out), total_steps=o["steps"],
                                      adv_estimator=o["adv"], allocator=o["allocator"], trust=o["trust"],
                                      distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
                                      eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
-                                     report_to=o["report_to"], policy=o["policy"],
+                                     report_to=o["report_to"], policy=o["policy"], lora_rank=o["lora"],
+                                     lora_alpha=o["lora_alpha"], lora_targets=o["lora_targets"],
+                                     init=None if init is None else str(init),
                                      checkpoint_optimizer=False if weights_only else None), set_)
     cfg.validate_training()  # what only training needs (a server's goal count), before any data loads
     from icsd_audit.outputs import check_not_input
@@ -322,7 +340,11 @@ def _probe_writable(out: Path) -> None:
 @app.command("eval")
 @handle_errors
 def eval_cmd(
-    model: str = typer.Option("embedded", help="Local HF model folder, a checkpoint folder, 'embedded' or 'tiny-random'."),
+    model: Optional[str] = typer.Option(
+        None, help="Local HF model folder, a checkpoint folder, 'embedded' (default) or 'tiny-random'; with --adapter: "
+                   "its base (default: the base the adapter names)."),
+    adapter: Optional[Path] = typer.Option(None, help="A LoRA adapter folder (an icsd checkpoint of a --lora run) to "
+                                                      "evaluate over --model."),
     preset: Optional[str] = typer.Option(
         None, help="Prompt and rollout settings to evaluate with: paper or cpu-demo (default: cpu-demo for a model; "
                    "paper with --policy expert, whose episodes need the paper's turn budget)."),
@@ -344,6 +366,8 @@ def eval_cmd(
 
     Example: icsd eval --model runs/demo/checkpoints/step-000002 --tasks 16
 
+    LoRA: icsd eval --model embedded --adapter runs/lora/checkpoints/step-000001 --tasks 16
+
     Search-QA: icsd eval --env searchqa --model runs/sq/checkpoints/step-000200 --tasks 875
 
     ALFWorld: icsd eval --env alfworld --model runs/alf/checkpoints/step-000002 --tasks 128
@@ -359,8 +383,19 @@ def eval_cmd(
 
     if preset is None:
         preset = "paper" if policy == "expert" else "cpu-demo"
+    from icsd_audit.train.lora import base_of, is_adapter_dir
+
+    if adapter is None and model is not None and is_adapter_dir(model):  # a --lora run's checkpoint given as --model
+        adapter, model = Path(model), None
+    base_seed = None
+    if adapter is not None:
+        if not is_adapter_dir(adapter):
+            raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a LoRA adapter folder)")
+        model, base_seed = base_of(adapter, model, seed or 0)
     cfg = _build_config(preset, dict(model=model, env=env, env_url=env_url, eval_tasks=tasks, max_turns=max_turns,
-                                     eval_temperature=temperature, device=device, seed=seed, policy=policy), set_)
+                                     eval_temperature=temperature, device=device, policy=policy,
+                                     seed=seed if base_seed is None else base_seed,
+                                     init=None if adapter is None else str(adapter)), set_)
     if out is not None:  # before the evaluation: a bad --out fails in seconds, not after it
         from icsd_audit.outputs import check_not_input, check_output_file
 
@@ -375,6 +410,8 @@ def eval_cmd(
     d = res.to_dict()
     d["model"] = cfg.model
     d["policy"] = cfg.policy
+    if adapter is not None:
+        d["adapter"] = str(adapter)
     text = json.dumps(d, indent=2)
     if d.get("subsets"):  # the paper's table columns (percent), for a quick look
         cols = list(d["subsets"])
@@ -386,3 +423,28 @@ def eval_cmd(
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, text + "\n")
     print(text)
+
+
+@app.command("export")
+@handle_errors
+def export_cmd(
+    adapter: Path = typer.Option(..., help="A LoRA adapter folder (a checkpoint of an `icsd train --lora` run)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New folder for the merged model (must not exist)."),
+    model: Optional[str] = typer.Option(
+        None, help="The adapter's base: a local HF folder, 'embedded' or 'tiny-random' (default: the base the adapter "
+                   "names)."),
+) -> None:
+    """Merge a LoRA adapter into its base model and write a plain Hugging Face folder (weights, tokenizer).
+
+    The result loads anywhere without peft: icsd eval --model OUT, from_pretrained(OUT), icsd train --init OUT.
+    --out may not be or lie inside an input, and may not exist.
+
+    Example: icsd export --model embedded --adapter runs/lora/checkpoints/step-000001 --out models/demo-merged
+    """
+    _require_train_extra("export")
+    from icsd_audit.train.lora import export_merged
+    from icsd_audit.train.models import set_threads
+
+    set_threads(None)
+    path = export_merged(model=model, adapter=adapter, out=out)
+    stderr_console().print(f"merged model written to [bold]{path}[/]", highlight=False, soft_wrap=True)

@@ -147,7 +147,9 @@ def auto_layers(model: nn.Module) -> list[str]:
     """LM head + the last block's attention output projection and MLP linears.
 
     Works for Llama/Qwen/Mistral-style Hugging Face models (``self_attn.o_proj``,
-    ``mlp.{gate,up,down}_proj``).  Raises when the last block holds none of them.
+    ``mlp.{gate,up,down}_proj``), also under peft's LoRA wrappers (their ``base_layer``:
+    the sketch is then the gradient with respect to the frozen base weight, the same
+    direction a full fine-tune would take).  Raises when the last block holds none of them.
     """
     blocks_name, blocks = _find_decoder_layers(model)
     last = f"{blocks_name}.{len(blocks) - 1}"
@@ -155,8 +157,11 @@ def auto_layers(model: nn.Module) -> list[str]:
     for sub, mod in blocks[len(blocks) - 1].named_modules():
         if not isinstance(mod, nn.Linear):
             continue
-        leaf = sub.split(".")[-1]
-        parent = sub.split(".")[0] if "." in sub else ""
+        parts = sub.split(".")
+        if parts[-1] == "base_layer":  # a LoRA-wrapped linear (peft): sketch its frozen base weight
+            parts = parts[:-1]
+        leaf = parts[-1]
+        parent = parts[0] if len(parts) > 1 else ""
         if leaf in _MLP_NAMES or (leaf in _ATTN_OUT_NAMES and "attn" in parent):
             names.append(f"{last}.{sub}")
     if not names:

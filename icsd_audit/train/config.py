@@ -90,6 +90,14 @@ class TrainConfig:
     """'float32', or 'bf16-mixed' (fp32 weights and optimizer, bf16 autocast); 'auto' = bf16-mixed on CUDA, float32 on CPU."""
     trust_remote_code: bool = False
     """Run Python code shipped in the model folder (a config's auto_map); off unless asked for: a model folder from elsewhere could run anything."""
+    lora_rank: int = 0
+    """LoRA rank r (the peft library): 0 = full fine-tuning; r > 0 trains rank-r adapters on lora_targets with the base weights frozen (KL reference = the same weights with the adapter disabled; checkpoints hold the adapter and its AdamW state only; docs/training.md, LoRA)."""
+    lora_alpha: float | None = None
+    """LoRA scaling alpha: an adapter adds alpha / r * B A x to a layer's output; None: 2 * lora_rank."""
+    lora_targets: str = "all-linear"
+    """Modules that get adapters: 'all-linear' (peft: every linear layer of the decoder blocks, i.e. q/k/v/o and gate/up/down projections for Llama/Qwen; never the LM head) or comma-separated module-name suffixes, e.g. 'q_proj,v_proj'."""
+    init: str | None = None
+    """Start from this folder instead of the plain model: a LoRA adapter folder (peft's files plus icsd_adapter.json naming its base, as icsd train checkpoints and icsd sft write; training continues that adapter, and the KL reference is base + that adapter) or a full Hugging Face model folder (it replaces model)."""
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
@@ -376,6 +384,12 @@ class TrainConfig:
         for name in ("dump_every", "checkpoint_every", "eval_every", "history_window", "sketch_k"):
             v = getattr(self, name)
             need(isinstance(v, int) and v >= 0, f"{name}={v!r} must be an integer >= 0 (0 turns it off)")
+        need(isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank >= 0,
+             f"lora_rank={self.lora_rank!r} must be an integer >= 0 (0: full fine-tuning)")
+        need(self.lora_alpha is None or self.lora_alpha > 0, f"lora_alpha={self.lora_alpha} must be > 0 (or None: 2 * rank)")
+        need(bool(self.lora_targets.strip(" ,")),
+             f"lora_targets={self.lora_targets!r} names no module; use 'all-linear' or e.g. 'q_proj,v_proj'")
+        p.extend(self._init_problems())
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints} must be >= 1")
         need(self.eval_tasks >= 1, f"eval_tasks={self.eval_tasks} must be >= 1")
         need(self.threads is None or self.threads >= 1, f"threads={self.threads} must be >= 1 or None")
@@ -487,6 +501,35 @@ class TrainConfig:
                 "as verl-agent splits them) needs N, the number of goals the server loaded ('Loaded N goals.' in its "
                 "start-up log); add --set server_num_goals=N"])
         return self
+
+    def _init_problems(self) -> list[str]:
+        if self.init is None:
+            return []
+        from icsd_audit.train.lora import AdapterError, adapter_settings, is_adapter_dir, is_model_dir
+
+        d = Path(self.init).expanduser()
+        if is_adapter_dir(d):
+            try:
+                rank = adapter_settings(d).rank
+            except AdapterError as e:
+                return [f"init={self.init!r}: {e}"]
+            if self.lora_rank not in (0, rank):
+                return [f"init={self.init!r} is a rank-{rank} adapter, which training continues; drop lora_rank="
+                        f"{self.lora_rank} or set it to {rank}"]
+            return []
+        if is_model_dir(d):
+            return []
+        return [f"init={self.init!r} is neither a LoRA adapter folder (adapter_config.json) nor a model folder "
+                "(config.json); pass a folder written by icsd train, icsd sft or save_pretrained"]
+
+    @property
+    def lora_enabled(self) -> bool:
+        """LoRA training: a rank was set, or the run starts from an adapter."""
+        if self.lora_rank > 0:
+            return True
+        from icsd_audit.train.lora import is_adapter_dir
+
+        return self.init is not None and is_adapter_dir(self.init)
 
     def _searchqa_problems(self) -> list[str]:
         p = []

@@ -97,7 +97,15 @@ def evaluate_config(cfg: Any) -> EvalResult:
         model, tok = None, policy_tokenizer(cfg.model, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
         policy: Any = ExpertPolicy(tok)
     else:
-        model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+        if cfg.init is not None:  # an adapter over its base (icsd eval --adapter), or a full model folder
+            from icsd_audit.train.lora import is_adapter_dir, load_adapter
+
+            model, tok = load_policy(cfg.model if is_adapter_dir(cfg.init) else cfg.init, device=dev, seed=cfg.seed,
+                                     trust_remote_code=cfg.trust_remote_code)
+            if is_adapter_dir(cfg.init):
+                model = load_adapter(model, cfg.init, trainable=False).eval()
+        else:
+            model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
         policy = None
     skill = None
     if cfg.student_skills in ("eval", "both"):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import random
 import time
@@ -209,6 +210,22 @@ def _frozen_loader(model: str, *, device: torch.device, seed: int, trust_remote_
     return load
 
 
+class _AdapterReference:
+    """LoRA: the initial policy is the policy's own weights with the adapter switched off
+    (a fresh adapter) or switched to the frozen initial adapter (a run started from one)."""
+
+    def __init__(self, model: Any, has_reference_adapter: bool, **kw: Any):
+        self.model, self.has_reference_adapter, self.kw = model, has_reference_adapter, kw
+
+    def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> list[torch.Tensor]:
+        from icsd_audit.train.lora import reference_scope
+
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+        with reference_scope(self.model, self.has_reference_adapter) as model:
+            out = score_rows(model, prompts, responses, split_rows(order, micro_batch_rows), **self.kw)
+        return [out[i] for i in range(len(prompts))]
+
+
 class _NoReference:
     def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> None:
         return None
@@ -224,6 +241,63 @@ ADV_OPTIONS: dict[str, Callable[[TrainConfig], dict[str, Any]]] = {
 
 def _rollout_old_logp(step: int, data: StepData) -> list[torch.Tensor]:
     return data.old_logp
+
+
+@dataclass
+class _Models:
+    policy: Any
+    tokenizer: Any
+    reference: Any
+    #: what checkpoints save (the policy, or its adapter only under LoRA)
+    saver: Any
+    pad_id: int
+    score_kw: dict[str, Any]
+    #: what the dumps' producer block records about the weights
+    info: dict[str, Any]
+
+
+def _models(cfg: TrainConfig, *, device: torch.device, ckpt: Path | None, precision: str) -> _Models:
+    """The policy (from ``model``, ``init`` or a checkpoint; LoRA-wrapped when asked) and its KL reference."""
+    from icsd_audit.train import lora as lo
+
+    init_adapter = cfg.init if cfg.init is not None and lo.is_adapter_dir(cfg.init) else None
+    base_ref, base_seed = (lo.base_of(init_adapter, cfg.model, cfg.seed) if init_adapter
+                           else (cfg.init or cfg.model, cfg.seed))
+    trust = cfg.trust_remote_code
+    initial, tokenizer = load_policy(base_ref, device=device, seed=base_seed, trust_remote_code=trust)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    score_kw: dict[str, Any] = dict(pad_id=pad_id, device=device, temperature=cfg.temperature, precision=precision)
+    info: dict[str, Any] = {"base_model": base_ref, "init": cfg.init, "lora": None}
+    if cfg.lora_enabled:
+        settings = (lo.adapter_settings(init_adapter) if init_adapter else
+                    lo.LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2.0 * cfg.lora_rank,
+                                    targets=cfg.lora_targets))
+        start = ckpt if ckpt is not None else init_adapter
+        policy = (lo.load_adapter(initial, start, trainable=True, reference_from=init_adapter) if start is not None
+                  else lo.add_adapter(initial, settings, seed=cfg.seed))
+        policy.eval()
+        reference: Any = (_AdapterReference(policy, init_adapter is not None, **score_kw) if cfg.kl_coef > 0
+                          else _NoReference())
+        info["lora"] = dataclasses.asdict(settings)
+        saver = lo.AdapterSaver(policy, lo.adapter_meta(base_model=base_ref, base_seed=base_seed, settings=settings,
+                                                        producer="icsd train", init=cfg.init))
+        return _Models(policy, tokenizer, reference, saver, pad_id, score_kw, info)
+    policy = initial if ckpt is None else load_policy(str(ckpt), device=device, trust_remote_code=trust)[0]
+    release_freed_memory()  # a first run converts the embedded GGUF in this process
+    policy.eval()  # no dropout anywhere (see the module docstring)
+    if cfg.kl_coef > 0:
+        resident = cfg.resident_reference if cfg.resident_reference is not None else device.type != "cpu"
+        ref_model = None
+        if resident:
+            ref_model = copy.deepcopy(initial) if ckpt is None else initial
+            ref_model.eval().requires_grad_(False)
+        elif ckpt is not None:
+            del initial  # the policy came from the checkpoint; the reference is reloaded per pass
+        reference = _Reference(ref_model, _frozen_loader(base_ref, device=device, seed=cfg.seed, trust_remote_code=trust),
+                               **score_kw)
+    else:
+        reference = _NoReference()
+    return _Models(policy, tokenizer, reference, policy, pad_id, score_kw, info)
 
 
 # --------------------------------------------------------------------------------------
@@ -272,27 +346,10 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
 
-    # ---- models: the policy, and the frozen initial policy for the KL
-    initial, tokenizer = load_policy(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
-    policy = initial if ckpt is None else load_policy(str(ckpt), device=device,
-                                                      trust_remote_code=cfg.trust_remote_code)[0]
-    release_freed_memory()  # a first run converts the embedded GGUF in this process
-    policy.eval()  # no dropout anywhere (see the module docstring)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    score_kw = dict(pad_id=pad_id, device=device, temperature=cfg.temperature, precision=precision)
-    if cfg.kl_coef > 0:
-        resident = cfg.resident_reference if cfg.resident_reference is not None else device.type != "cpu"
-        ref_model = None
-        if resident:
-            ref_model = copy.deepcopy(initial) if ckpt is None else initial
-            ref_model.eval().requires_grad_(False)
-        elif ckpt is not None:
-            del initial  # the policy came from the checkpoint; the reference is reloaded per pass
-        reference: _Reference | _NoReference = _Reference(
-            ref_model, _frozen_loader(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code),
-            **score_kw)
-    else:
-        reference = _NoReference()
+    # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
+    models = _models(cfg, device=device, ckpt=ckpt, precision=precision)
+    policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
+                                                       models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
     if state and state.get("optimizer") is not None:
@@ -346,7 +403,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         reporter.message(f"--resume: no complete checkpoint in {checkpoint_dir(out)}; starting again at step 0")
     with stop.critical():
         drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
-        writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None))
+        writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None), weights=models.info)
                   if (distill.enabled and cfg.dump_every) else None)
         log = MetricsLog(out / "metrics.jsonl", start_step=start)
         eval_log = MetricsLog(out / "eval.jsonl", start_step=start)
@@ -415,7 +472,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                     eval_log.write(ev)
                 if checkpoint:
                     with spill.resident():
-                        result.checkpoint = save_checkpoint(out, next_step=step + 1, model=policy,
+                        result.checkpoint = save_checkpoint(out, next_step=step + 1, model=models.saver,
                                                             tokenizer=tokenizer, optimizer=optimizer,
                                                             config=cfg.to_dict(), keep=cfg.keep_checkpoints,
                                                             with_optimizer=cfg.checkpoint_optimizer)
@@ -450,14 +507,15 @@ def _critical_sink(writer: Any, stop: GracefulStop) -> Callable[[str, dict[str, 
     return sink
 
 
-def _dump_writer(cfg: TrainConfig, out: Path, sketcher: Any = None, env_data: dict[str, Any] | None = None) -> Any:
+def _dump_writer(cfg: TrainConfig, out: Path, sketcher: Any = None, env_data: dict[str, Any] | None = None,
+                 weights: dict[str, Any] | None = None) -> Any:
     from icsd_audit import __version__
     from icsd_audit.dumps.writer import DumpWriter
 
     d = out / "dumps"
     producer = {"name": "icsd.train", "engine": "builtin", "engine_version": __version__, "rank": 0, "world_size": 1,
                 "model": cfg.model, "env": cfg.env, "adv_estimator": cfg.adv_estimator, "seed": cfg.seed,
-                "out_dir": str(out)}
+                "out_dir": str(out), **(weights or {})}
     meta: dict[str, Any] = {"train_config": json.loads(json.dumps(cfg.to_dict()))}
     if sketcher is not None:
         meta["sketch"] = dump_sketch_metadata(sketcher)
