@@ -155,6 +155,31 @@ def _fmt(v: Any) -> str:
     return "n/a" if v is None else f"{float(v):.4g}"
 
 
+def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, peft_config) for TRL, with the built-in loop's LoRA semantics.
+
+    A fresh adapter goes to TRL as ``peft_config``: TRL wraps the model and scores its
+    reference with the adapter disabled (the base). A run from an adapter (``init``) hands
+    TRL the adapter model itself: TRL then copies the adapter into a frozen ``ref`` adapter
+    and scores its reference with it, the initial policy as on the built-in loop.
+    """
+    from icsd_audit.train.loop import load_policy
+
+    if not cfg.lora_enabled:
+        model, tok = load_policy(cfg.init or cfg.model, device=dev, seed=cfg.seed)
+        return model, tok, None
+    from icsd_audit.train import lora as lo
+
+    init_adapter = cfg.init if cfg.init is not None and lo.is_adapter_dir(cfg.init) else None
+    if init_adapter is not None:
+        base_ref, base_seed = lo.base_of(init_adapter, cfg.model, cfg.seed)
+        base, tok = load_policy(base_ref, device=dev, seed=base_seed)
+        return lo.load_adapter(base, init_adapter, trainable=True), tok, None
+    model, tok = load_policy(cfg.init or cfg.model, device=dev, seed=cfg.seed)
+    settings = lo.LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2.0 * cfg.lora_rank, targets=cfg.lora_targets)
+    return model, tok, settings.peft_config()
+
+
 def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
     """Train ``cfg`` with ``ICSDGRPOTrainer`` on whole episodes (:mod:`.trl_rollout`); returns the dumps folder."""
     import importlib.util
@@ -184,7 +209,7 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
     set_threads(cfg.threads)  # as the built-in loop: one thread unless told (shared cores, docs/models.md)
     dev = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, dev)
-    model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed)
+    model, tok, peft_config = _trl_policy(cfg, dev)
     factory = _default_env_factory(cfg)
     probe = factory(cfg.train_split)
     builder = PromptBuilder.from_config(tok, cfg)
@@ -220,13 +245,13 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
                       logging_steps=1, save_strategy="no", dataloader_num_workers=0,
                       disable_tqdm=not sys.stderr.isatty())  # a log gets TRL's per-step records, not bar redraws
     policy: Any = model
-    if cfg.kl_coef > 0:  # TRL builds its reference model from a path: hand it a local copy of the policy
+    if cfg.kl_coef > 0 and not cfg.lora_enabled:  # TRL builds its reference from a path: hand it a copy of the policy
         policy = str(out / "trl" / "initial_policy")
         model.save_pretrained(policy)
         tok.save_pretrained(policy)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; tested on 1.16
     common = dict(model=policy, processing_class=tok, reward_funcs=episode_reward, args=args,
-                  train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout,
+                  train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout, peft_config=peft_config,
                   callbacks=[manifest_callback(cfg, engine="trl")])  # run.json
     if cfg.distill_enabled:
         icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,

@@ -117,3 +117,41 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
     assert a.returncode == 0, a.stderr
     rec = pq.read_table(out).column("c").to_numpy().astype(np.float32)
     assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))
+
+
+@pytest.mark.engines
+def test_trl_engine_with_lora_trains_the_adapter_and_audit_coeffs_recomputes(tmp_path):
+    """--lora R on TRL: TRL wraps the model (reference = adapter off, no saved copy of the policy)."""
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from icsd_audit.integrations.engines import _trl_policy
+
+    run = tmp_path / "run"
+    r = _icsd("train", "--engine", "trl", "--preset", "cpu-demo", "--model", "tiny-random", "--adv", "grpo",
+              "--lora", "4", "--steps", "1", "--out", str(run), "--set", "n_tasks=2", "--set", "group_size=2",
+              "--set", "max_turns=2", "--set", "max_response_tokens=8", "--set", "max_prompt_tokens=3000",
+              "--set", "one_shot=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (run / "trl" / "initial_policy").exists()  # no second copy of the weights for the reference
+    shards = sorted((run / "dumps").glob("*.parquet"))
+    assert len(shards) == 1
+    out = tmp_path / "c.parquet"
+    a = _icsd("audit", "coeffs", str(run / "dumps"), "--out", str(out), "--min-group", "8")
+    assert a.returncode == 0, a.stderr
+    assert np.array_equal(pq.read_table(out).column("c").to_numpy().astype(np.float32),
+                          pq.read_table(shards[0]).column("c").to_numpy())
+    # a fresh adapter is TRL's peft_config; a warm start hands TRL the adapter model (TRL copies it as 'ref')
+    cfg = TrainConfig(model="tiny-random", lora_rank=4, lora_alpha=16.0, lora_targets="q_proj,v_proj")
+    model, _, peft_config = _trl_policy(cfg, torch.device("cpu"))
+    assert peft_config.r == 4 and peft_config.lora_alpha == 16.0 and set(peft_config.target_modules) == {"q_proj", "v_proj"}
+    from icsd_audit.train import lora as lo
+
+    adapter = tmp_path / "adapter"
+    lo.AdapterSaver(lo.add_adapter(model, lo.LoraSettings(4, 8.0, "all-linear")),
+                    lo.adapter_meta(base_model="tiny-random", base_seed=0, settings=lo.LoraSettings(4, 8.0, "all-linear"),
+                                    producer="test")).save_pretrained(str(adapter))
+    warm, _, none = _trl_policy(TrainConfig(model="tiny-random", init=str(adapter)), torch.device("cpu"))
+    assert none is None and {n for n, p in warm.named_parameters() if p.requires_grad} and all(
+        "lora_" in n for n, p in warm.named_parameters() if p.requires_grad)
