@@ -102,7 +102,7 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
     steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     assert [s.split(":")[0] for s in steps] == ["step 0", "step 1"]
     assert all(", episodes/turns 3, episodes/context_stops 0," in s and ", time/rollout " in s for s in steps)
-    shards = sorted((run / "dumps").glob("*.parquet"))
+    shards = sorted((run / "dumps").rglob("*.parquet"))
     assert [p.name for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
     for k, p in enumerate(shards):
         t = pq.read_table(p)
@@ -135,7 +135,7 @@ def test_trl_engine_with_lora_trains_the_adapter_and_audit_coeffs_recomputes(tmp
               "--set", "one_shot=false")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (run / "trl" / "initial_policy").exists()  # no second copy of the weights for the reference
-    shards = sorted((run / "dumps").glob("*.parquet"))
+    shards = sorted((run / "dumps").rglob("*.parquet"))
     assert len(shards) == 1
     out = tmp_path / "c.parquet"
     a = _icsd("audit", "coeffs", str(run / "dumps"), "--out", str(out), "--min-group", "8")

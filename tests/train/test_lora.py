@@ -73,7 +73,7 @@ def test_cli_lora_run_writes_adapter_only_checkpoint_and_dumps_audit_recomputes(
     assert meta["base_model"] == "tiny-random" and meta["base_seed"] == 0
     assert meta["lora"] == {"rank": 4, "alpha": 8.0, "targets": "all-linear"}
     # the dumps: cpu-demo's sketches work on the wrapped model; the audit recomputes c exactly
-    shards = sorted((run / "dumps").glob("*.parquet"))
+    shards = sorted((run / "dumps").rglob("*.parquet"))
     assert shards
     first = pq.read_table(shards[0])
     assert any(c.startswith("sketch.") and "base_layer" in c for c in first.column_names)
