@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "SDAR_SEARCH_ROUTES",
+    "sdar_search_task",
     "BUILTIN_BANKS",
     "FORMAT",
     "FORMAT_VERSION",
@@ -326,6 +328,9 @@ class SkillBank:
         """
         if key:
             c = self._key_category(key)
+            if c is None:  # a Search-QA data source against task-type keys: SDAR's routing
+                routed = sdar_search_task(key, prompt_text)
+                c = next((x for x in self.categories if routed is not None and routed in x.keys), None)
             if c is not None:
                 return self._assemble([c], "key")
         cats = [c for c in self.categories if c.keywords and self.matches(c, prompt_text, match="substring")]
@@ -378,6 +383,9 @@ class SkillBank:
             raise ValueError(f"mode must be 'match', 'all' or 'general', got {mode!r}")
         if key:
             c = self._key_category(key)
+            if c is None:  # a Search-QA data source against task-type keys: SDAR's routing
+                routed = sdar_search_task(key, task)
+                c = next((x for x in self.categories if routed is not None and routed in x.keys), None)
             if c is not None:
                 return self._assemble([c], "key")
         cats = self.matched_categories(task)
@@ -424,6 +432,27 @@ def load_skillbank(path_or_name: str | Path) -> SkillBank:
         return SkillBank.from_dict(data, path=str(p))
     except SkillBankError as exc:
         raise SkillBankError(f"{p}: {exc}") from None
+
+
+#: SDAR's fixed Search-QA routes (``SkillProvider.get_privileged_info_from_data_source``,
+#: ``verl/trainer/ppo/rlsd_utils.py`` lines 112-142): data source -> task type.
+SDAR_SEARCH_ROUTES = {"popqa": "entity_attribute_lookup", "nq": "direct_retrieval", "triviaqa": "direct_retrieval",
+                      "hotpotqa": "multi_hop_reasoning"}
+
+
+def sdar_search_task(data_source: str, prompt_text: str) -> str | None:
+    """The task type SDAR gives a Search-QA turn: a fixed route for popqa, nq, triviaqa and
+    hotpotqa; otherwise ``compare`` when the lower-cased prompt holds "which" and "or" and
+    not "for" (plain substrings, as SDAR tests them), else ``multi_hop_reasoning`` for
+    2wikimultihopqa, musique and bamboogle; else none (the general block alone)."""
+    if data_source in SDAR_SEARCH_ROUTES:
+        return SDAR_SEARCH_ROUTES[data_source]
+    low = prompt_text.lower()
+    if "which" in low and "or" in low and "for" not in low:
+        return "compare"
+    if data_source in ("2wikimultihopqa", "musique", "bamboogle"):
+        return "multi_hop_reasoning"
+    return None
 
 
 def import_sdar(path: str | Path, *, env: str | None = None, match: MatchMode = "substring") -> SkillBank:

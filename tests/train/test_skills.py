@@ -398,3 +398,41 @@ def test_retrieve_sdar_keeps_sdar_keyword_order(tmp_path):
     prompt = "a shirt and a boot"
     assert bank.retrieve_sdar(prompt).text == sdar_reference(d, prompt) == "G\n\nB\n\nA"
     assert bank.retrieve(prompt).text == "G\n\nA\n\nB"  # the bank-order rule
+
+
+# ----------------------------------------------------------------------------- SDAR's Search-QA routing
+
+
+def _sdar_search_folder(root):
+    """SDAR's skills/search layout: four task types, no keywords (it routes by data source)."""
+    import json as _json
+
+    d = root / "search"
+    d.mkdir()
+    files = {"general_skills": "general_skills.md", "compare": "compare.md", "direct_retrieval": "direct_retrieval.md",
+             "entity_attribute_lookup": "entity_attribute_lookup.md", "multi_hop_reasoning": "multi_hop_reasoning.md"}
+    for name, f in files.items():
+        (d / f).write_text(f"## {name}\n- skill\n")
+    (d / "skill_mapping.json").write_text(_json.dumps({"skill_files": files,
+                                                       "task_to_skill": {k: k for k in files if k != "general_skills"}}))
+    return d
+
+
+@pytest.mark.parametrize("source,prompt,expect", [
+    ("popqa", "What is X's occupation?", ("entity_attribute_lookup",)),
+    ("nq", "who directed the film?", ("direct_retrieval",)),
+    ("triviaqa", "which or for", ("direct_retrieval",)),  # the fixed routes come first
+    ("hotpotqa", "Which is older, A or B?", ("multi_hop_reasoning",)),
+    ("bamboogle", "which one is older, a or b?", ("compare",)),
+    ("musique", "Which one is older, A or B? Search for information", ("multi_hop_reasoning",)),  # 'for' blocks compare
+    ("2wikimultihopqa", "Who is the spouse of the director?", ("multi_hop_reasoning",)),
+    ("unknown_source", "who?", ()),
+])
+def test_sdar_search_folder_routes_data_sources_as_sdar(tmp_path, source, prompt, expect):
+    """SDAR's get_privileged_info_from_data_source (rlsd_utils.py lines 112-142), worked by hand per subset."""
+    from icsd_audit.train.skills import import_sdar
+
+    bank = import_sdar(_sdar_search_folder(tmp_path))
+    got = bank.retrieve_sdar(prompt, key=source)
+    assert got.categories == expect
+    assert got.how == ("key" if expect else "general")
