@@ -1,10 +1,11 @@
-"""``icsd audit coeffs`` against a bare Parquet read of the same columns.
+"""``icsd audit coeffs`` and ``icsd audit verify`` against a bare Parquet read of the same columns.
 
 Usage: python benchmarks/bench_coeffs.py [--tokens 2000000] [--batches 4] [--threads 1]
 Writes synthetic dumps to a temporary directory, then times (median of --repeats):
   read   pq.read_table(files, columns=required)             the floor any tool pays
   coeffs compute_coefficients(...) in process               read + validate + allocate + write
-and prints the ratio.  The CLI adds interpreter and torch start-up (~1.5 s here).
+  verify verify_dumps(coeffs output)                         read + validate + allocate + compare g, m, c
+and prints the ratios.  The CLI adds interpreter and torch start-up (~1.5 s here).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from icsd_audit.alloc.options import AllocatorOptions
 
 from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.dumps.verify import verify_dumps
 from icsd_audit.dumps.writer import DumpWriter
 from icsd_audit.dumps.reader import REQUIRED
 from icsd_audit.dumps.synth import synth_tokens
@@ -56,11 +58,13 @@ def main() -> None:
         t_read = timed(lambda: [pq.read_table(f, columns=list(REQUIRED)) for f in files], args.repeats)
         out = Path(tmp) / "coeffs.parquet"
         t_coeffs = timed(lambda: compute_coefficients([src], out, AllocatorOptions()), args.repeats)
+        t_verify = timed(lambda: verify_dumps([out]), args.repeats)
     n = args.tokens
     print(f"tokens={n:,} batches={args.batches} threads={args.threads}")
     print(f"bare read   : {t_read * 1000:8.1f} ms")
     print(f"audit coeffs: {t_coeffs * 1000:8.1f} ms  ({n / t_coeffs / 1e6:.2f} M tokens/s end to end)")
     print(f"ratio       : {t_coeffs / t_read:8.1f}x")
+    print(f"audit verify: {t_verify * 1000:8.1f} ms  ({n / t_verify / 1e6:.2f} M tokens/s; {t_verify / t_read:.1f}x the read)")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
 from . import options as O
-from .common import check_output_file, handle_errors, set_threads, stderr_console
+from .common import audit_settings, check_output_file, handle_errors, set_threads, stderr_console
 from .apps import audit_app
 
 
@@ -17,23 +17,28 @@ from .apps import audit_app
 def coeffs(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet file (written atomically)."),
-    allocator: str = O.ALLOCATOR,
-    trust: str = O.TRUST,
-    trust_beta: float = O.TRUST_BETA,
-    min_group: int = O.MIN_GROUP,
-    eps: float = O.EPS,
-    seed: int = O.SEED,
+    allocator: Optional[str] = O.ALLOCATOR,
+    trust: Optional[str] = O.TRUST,
+    trust_beta: Optional[float] = O.TRUST_BETA,
+    trust_eta: Optional[float] = O.TRUST_ETA,
+    influence_eta: Optional[float] = O.INFLUENCE_ETA,
+    min_group: Optional[int] = O.MIN_GROUP,
+    eps: Optional[float] = O.EPS,
+    seed: Optional[int] = O.SEED,
 ) -> None:
     """Write every input column plus g, u, m, c (float64) and fallback, in input row order.
 
-    Example: icsd audit coeffs runs/dumps/ --out coeffs.parquet --allocator icsd
+    The allocation is recomputed with the settings the dumps record as deployed (SPEC 9); a flag given replaces
+    the recorded value and says so on one stderr line.
+
+    Example: icsd audit coeffs runs/dumps/ --out coeffs.parquet
     """
-    from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.dumps.coeffs import compute_coefficients
 
     check_output_file(out, paths)
     set_threads()
-    opts = AllocatorOptions(allocator=allocator, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)
+    opts = audit_settings(paths, allocator=allocator, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
+                          influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed).deployed
     s = compute_coefficients(paths, out, opts)
     stderr_console().print(
         f"[bold]{out}[/]: {s.n_rows:,} rows, {s.n_tokens:,} valid tokens, {s.n_batches} batches, "

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
 from . import options as O
-from .common import handle_errors, set_threads
+from .common import audit_settings, handle_errors, set_threads
 from .apps import audit_app
 
 
@@ -19,13 +19,18 @@ from .apps import audit_app
 def gradcos(
     paths: List[Path] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns.",
                                        readable=False),
-    base: str = O.BASE,
-    compare: str = O.COMPARE,
-    trust: str = O.TRUST,
+    base: Optional[str] = O.BASE,
+    compare: Optional[str] = O.COMPARE,
+    trust: Optional[str] = O.TRUST,
+    trust_beta: Optional[float] = O.TRUST_BETA,
+    trust_eta: Optional[float] = O.TRUST_ETA,
+    influence_eta: Optional[float] = O.INFLUENCE_ETA,
+    min_group: Optional[int] = O.MIN_GROUP,
+    eps: Optional[float] = O.EPS,
     permutations: int = O.PERMUTATIONS,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
-    seed: int = O.SEED,
+    seed: Optional[int] = O.SEED,
     blocks: int = typer.Option(8, help="Jackknife blocks for the sketch's own error (0: skip)."),
     clip_eps: float = O.CLIP_EPS,
     dual_clip: float = O.DUAL_CLIP,
@@ -35,7 +40,6 @@ def gradcos(
 
     Example: icsd audit gradcos runs/dumps --permutations 1000 --json
     """
-    from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.grads.cosines import run_gradcos
 
     if permutations < 0:
@@ -43,9 +47,11 @@ def gradcos(
     if blocks < 0:
         raise ValueError(f"--blocks must be >= 0 (0: skip the jackknife), got {blocks}")
     set_threads()
-    opts = dict(trust=trust, seed=seed)
-    res = run_gradcos(paths, base=AllocatorOptions(allocator=base, **opts), compare=AllocatorOptions(allocator=compare, **opts),
-                      permutations=permutations, seed=seed, n_resamples=resamples, confidence_level=confidence,
+    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, trust=trust, trust_beta=trust_beta,
+                       trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    base_opts, compare_opts = s.pair(base, compare)
+    res = run_gradcos(paths, base=base_opts, compare=compare_opts, permutations=permutations,
+                      seed=0 if seed is None else seed, n_resamples=resamples, confidence_level=confidence,
                       clip_eps=clip_eps, dual_clip=dual_clip, blocks=blocks)
     payload = res.to_dict()
     if as_json:

@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 import typer
 
 from . import options as O
-from .common import check_output_dir, handle_errors, set_threads, stderr_console, thread_count
+from .common import audit_settings, check_output_dir, handle_errors, set_threads, stderr_console, thread_count
 from .apps import audit_app
-
-def _options(**kw: Any) -> Any:
-    from icsd_audit.report.results import ReportOptions
-
-    return ReportOptions(**kw)
 
 
 def _common(
-    base: str, compare: str, trust: str, trust_beta: float, min_group: int, eps: float, seed: int,
-    resamples: int, confidence: float, grid: int, permutations: int,
+    paths: List[Path], base: Optional[str], compare: Optional[str], trust: Optional[str], trust_beta: Optional[float],
+    trust_eta: Optional[float], influence_eta: Optional[float], min_group: Optional[int], eps: Optional[float],
+    seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int,
 ) -> Any:
-    return _options(base=base, compare=compare, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps,
-                    seed=seed, n_resamples=resamples, confidence_level=confidence, grid=grid, permutations=permutations)
+    """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
+    from icsd_audit.report.results import ReportOptions
+
+    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, trust=trust, trust_beta=trust_beta,
+                       trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    return ReportOptions.deployed(*s.pair(base, compare), seed=0 if seed is None else seed, n_resamples=resamples,
+                                  confidence_level=confidence, grid=grid, permutations=permutations)
 
 
 @audit_app.command("figures")
@@ -32,8 +33,10 @@ def figures(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (one file per figure and format)."),
     fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
     dpi: int = typer.Option(300, help="Resolution of PNG output."),
-    base: str = O.BASE, compare: str = O.COMPARE, trust: str = O.TRUST, trust_beta: float = O.TRUST_BETA,
-    min_group: int = O.MIN_GROUP, eps: float = O.EPS, seed: int = O.SEED, resamples: int = O.RESAMPLES,
+    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
+    trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
+    influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
+    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
@@ -49,8 +52,8 @@ def figures(
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
-    report = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,
-                                        confidence, grid, permutations), workers=thread_count())
+    report = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
+                                        eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
                            + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
@@ -61,8 +64,10 @@ def figures(
 def report(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
-    base: str = O.BASE, compare: str = O.COMPARE, trust: str = O.TRUST, trust_beta: float = O.TRUST_BETA,
-    min_group: int = O.MIN_GROUP, eps: float = O.EPS, seed: int = O.SEED, resamples: int = O.RESAMPLES,
+    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
+    trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
+    influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
+    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
@@ -76,8 +81,8 @@ def report(
 
     check_output_dir(out, paths, report_owns)
     set_threads()
-    rep = audit_dumps(paths, _common(base, compare, trust, trust_beta, min_group, eps, seed, resamples,
-                                     confidence, grid, permutations), workers=thread_count())
+    rep = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
+                                     eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
     written = write_report(rep, out)
     t = rep.stats.tcm
     tcm = (f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)"

@@ -15,21 +15,30 @@ from typing import Any, Iterator, List, Optional
 import typer
 
 from . import options as O
-from .common import handle_errors, set_threads, stderr_console, thread_count
+from .common import audit_settings, handle_errors, set_threads, stderr_console, thread_count
 from .apps import audit_app
 
+#: --by value that audits each group of files deployed with the same settings on its own
+BY_SETTINGS = "settings"
+#: --compare names the allocator of the deployed side: giving it replaces the recorded one
+COMPARE_FLAG = {"allocator": "--compare"}
 
-def _request(base: str, compare: str, trust: str, trust_beta: float, min_group: int, eps: float, seed: int,
-             resamples: int, confidence: float, unit: str, by: Optional[str], **extra: Any) -> Any:
-    from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.stats.run import BY_COLUMNS, AuditRequest
 
-    if by is not None and by not in BY_COLUMNS:
-        raise ValueError(f"--by must be one of {', '.join(BY_COLUMNS)}, got {by!r}")
-    common = dict(trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)
-    return AuditRequest(base=AllocatorOptions(allocator=base, **common), compare=AllocatorOptions(allocator=compare, **common),
-                        n_resamples=resamples, confidence_level=confidence, unit=unit, seed=seed, by=by, eps=eps,
-                        workers=thread_count(), **extra)
+def _request(settings: Any, base: Optional[str], compare: Optional[str], seed: Optional[int], resamples: int,
+             confidence: float, unit: str, by: Optional[str], **extra: Any) -> Any:
+    """The request for one set of files: the deployed side and SDAR with the settings ``settings`` resolved."""
+    from icsd_audit.stats.run import AuditRequest
+
+    b, c = settings.pair(base, compare)
+    return AuditRequest(base=b, compare=c, n_resamples=resamples, confidence_level=confidence, unit=unit,
+                        seed=0 if seed is None else seed, by=by, eps=c.eps, workers=thread_count(), **extra)
+
+
+def _check_by(by: Optional[str]) -> None:
+    from icsd_audit.stats.run import BY_COLUMNS
+
+    if by is not None and by not in (*BY_COLUMNS, BY_SETTINGS):
+        raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
 
 
 def _triples(d: Any, prefix: str = "", by: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -75,6 +84,25 @@ def _emit(name: str, payload: dict[str, Any], as_json: bool) -> None:
     Console().print(table)
 
 
+def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
+    """``--by settings``: each group of files deployed alike, audited with its own settings."""
+    from icsd_audit.dumps.settings import settings_groups
+    from icsd_audit.stats.run import run_audit_groups
+
+    set_threads()
+    groups = []
+    for s, files in settings_groups(paths, flags=COMPARE_FLAG, **flags):
+        for line in s.overrides:
+            print(f"note: {line}", file=sys.stderr)
+        groups.append((s.recorded.label() if s.recorded is not None else "not recorded", files,
+                       _request(s, by=None, **request)))
+    res = run_audit_groups(groups, statistics=(statistic,), by=BY_SETTINGS)
+    payload = getattr(res, statistic).to_dict()
+    for g, (_, files, req) in zip(payload["groups"], groups):
+        g.update(files=[str(f) for f in files], base=req.base.allocator, compare=req.compare.allocator)
+    _emit(statistic, payload, as_json)
+
+
 def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
     from icsd_audit.stats.run import run_audit
 
@@ -93,24 +121,33 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
     @handle_errors
     def command(
         paths: List[Path] = O.PATHS,
-        base: str = O.BASE,
-        compare: str = O.COMPARE,
-        trust: str = O.TRUST,
-        trust_beta: float = O.TRUST_BETA,
-        min_group: int = O.MIN_GROUP,
-        eps: float = O.EPS,
+        base: Optional[str] = O.BASE,
+        compare: Optional[str] = O.COMPARE,
+        trust: Optional[str] = O.TRUST,
+        trust_beta: Optional[float] = O.TRUST_BETA,
+        trust_eta: Optional[float] = O.TRUST_ETA,
+        influence_eta: Optional[float] = O.INFLUENCE_ETA,
+        min_group: Optional[int] = O.MIN_GROUP,
+        eps: Optional[float] = O.EPS,
         resamples: int = O.RESAMPLES,
         confidence: float = O.CONFIDENCE,
         unit: str = typer.Option("action-turn", help="Resampling unit: action-turn (stratified by batch) or batch."),
-        seed: int = O.SEED,
-        by: Optional[str] = typer.Option(None, help="Report per step, env or task (needs that column)."),
+        seed: Optional[int] = O.SEED,
+        by: Optional[str] = typer.Option(None, help="Report per step, env or task (needs that column), or per group "
+                                                    "of files deployed with the same settings (settings)."),
         clip_eps: float = O.CLIP_EPS,
         dual_clip: float = O.DUAL_CLIP,
         as_json: bool = O.JSON,
     ) -> None:
-        req = _request(base, compare, trust, trust_beta, min_group, eps, seed, resamples, confidence, unit, by,
+        _check_by(by)
+        flags = dict(allocator=compare, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
+                     influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+        request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
-        _run(statistic, paths, as_json, req)
+        if by == BY_SETTINGS:
+            _run_by_settings(statistic, paths, as_json, flags, **request)
+            return
+        _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request))
 
     command.__doc__ = f"{doc}\n\nExample: {example}"
     audit_app.command(statistic)(command)
@@ -130,11 +167,16 @@ _stat_command("clip", "Clipping exposure: tokens and mass where the clipped surr
 @handle_errors
 def landscape(
     paths: List[Path] = O.PATHS,
-    base: str = O.BASE,
-    compare: str = O.COMPARE,
-    trust: str = O.TRUST,
+    base: Optional[str] = O.BASE,
+    compare: Optional[str] = O.COMPARE,
+    trust: Optional[str] = O.TRUST,
+    trust_beta: Optional[float] = O.TRUST_BETA,
+    trust_eta: Optional[float] = O.TRUST_ETA,
+    influence_eta: Optional[float] = O.INFLUENCE_ETA,
+    min_group: Optional[int] = O.MIN_GROUP,
+    eps: Optional[float] = O.EPS,
     grid: int = O.GRID,
-    seed: int = O.SEED,
+    seed: Optional[int] = O.SEED,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
@@ -147,8 +189,11 @@ def landscape(
     from icsd_audit.stats.run import run_landscape
 
     set_threads()
-    req = _request(base, compare, trust, 5.0, 8, 1e-4, seed, resamples, confidence, "action-turn", None)
+    settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, trust=trust, trust_beta=trust_beta,
+                              trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)
     res = run_landscape(paths, req, grid=grid)
+    base, compare = req.base.allocator, req.compare.allocator
     payload = res.to_dict()
     if as_json:
         sys.stdout.write(json.dumps(payload, allow_nan=False) + "\n")

@@ -48,6 +48,20 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def audit_settings(paths: Any, *, flags: Any = None, **values: Any) -> Any:
+    """The audit's allocator settings: as the dumps record them (SPEC 9), each flag given replacing its value.
+
+    One ``note:`` line on stderr per recorded setting a flag replaces; files deployed with
+    different settings are refused (one line naming two files and the field).
+    """
+    from icsd_audit.dumps.settings import audit_settings as resolve
+
+    s = resolve(paths, flags=flags, **values)
+    for line in s.overrides:
+        print(f"note: {line}", file=sys.stderr)
+    return s
+
+
 def check_output_file(out: Any, paths: Any) -> None:
     """Refuse, before any work, an output file that is an input or cannot be written."""
     from icsd_audit.outputs import check_output_file as check

@@ -37,16 +37,30 @@ ABOVE_1 = _checked(lambda v: math.isfinite(v) and v > 1, "a finite number > 1")
 
 # readable=False: the reader reports an unreadable input as one ``FILE: ...`` line like every other error
 PATHS = typer.Argument(..., help="Parquet files or directories of token dumps.", readable=False)
-ALLOCATOR = typer.Option("icsd", help="Allocator: icsd, sdar, opsd, fisher, sign, influence-only, gaussian, permuted.")
-BASE = typer.Option("sdar", "--base", help="Base allocator (the reference side of every difference).")
-COMPARE = typer.Option("icsd", "--compare", help="Compared allocator: icsd, fisher, sign, influence-only, gaussian, ...")
-TRUST = typer.Option("laplace", help="Base trust: laplace, sigmoid, uniform.")
-TRUST_BETA = typer.Option(5.0, help="Slope of the sigmoid trust.", callback=POSITIVE_FINITE)
-MIN_GROUP = typer.Option(8, help="Smallest calibration group that gets its own fit.", callback=AT_LEAST_1)
-EPS = typer.Option(1e-4, help="Allocator scale floor, turn-mass threshold and TCM zero threshold for |u|.",
-                   callback=POSITIVE_FINITE)
-SEED = typer.Option(0, help="Seed of the bootstrap and of the permuted allocator / permutation controls.",
-                    callback=SEED_RANGE)
+# Allocator settings default to what the dumps record as deployed (SPEC 9, their `allocator` block), else to
+# SPEC's defaults (named in each help); a flag given replaces the recorded value, and says so on one stderr line.
+_DEPLOYED = "(default: as deployed, recorded in the dumps; else {})"
+ALLOCATOR = typer.Option(None, show_default=False, help="Allocator: icsd, sdar, opsd, fisher, sign, influence-only, "
+                         "gaussian, permuted. " + _DEPLOYED.format("icsd"))
+BASE = typer.Option(None, "--base", show_default=False, help="Base allocator, the reference side of every difference "
+                    "(default: sdar with the deployed trust; the deployed allocator when that is sdar or opsd).")
+COMPARE = typer.Option(None, "--compare", show_default=False, help="Compared allocator: icsd, fisher, sign, "
+                       "influence-only, gaussian, ... (default: the deployed allocator; icsd when sdar or opsd was "
+                       "deployed).")
+TRUST = typer.Option(None, show_default=False,
+                     help="Base trust: laplace, sigmoid, uniform. " + _DEPLOYED.format("laplace"))
+TRUST_BETA = typer.Option(None, show_default=False, help="Slope of the sigmoid trust. " + _DEPLOYED.format("5"),
+                          callback=POSITIVE_FINITE)
+TRUST_ETA = typer.Option(None, show_default=False, help="eta of the Laplace trust map. " + _DEPLOYED.format("0.4"),
+                         callback=OPEN_UNIT)
+INFLUENCE_ETA = typer.Option(None, show_default=False, help="eta of the influence calibration map. "
+                             + _DEPLOYED.format("0.5"), callback=OPEN_UNIT)
+MIN_GROUP = typer.Option(None, show_default=False, help="Smallest calibration group that gets its own fit. "
+                         + _DEPLOYED.format("8"), callback=AT_LEAST_1)
+EPS = typer.Option(None, show_default=False, help="Allocator scale floor, turn-mass threshold and TCM zero threshold "
+                   "for |u|. " + _DEPLOYED.format("1e-4"), callback=POSITIVE_FINITE)
+SEED = typer.Option(None, show_default=False, help="Seed of the bootstrap and the permutation controls (default: 0) "
+                    "and of the permuted allocator " + _DEPLOYED.format("0") + ".", callback=SEED_RANGE)
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.", callback=AT_LEAST_1)
 CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level of the percentile intervals.", callback=OPEN_UNIT)
 CLIP_EPS = typer.Option(0.2, help="Clip epsilon of the PPO surrogate.", callback=OPEN_UNIT)

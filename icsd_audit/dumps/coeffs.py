@@ -29,6 +29,7 @@ import torch
 
 from icsd_audit.alloc.options import AllocatorOptions, allocate_batch, required_columns
 from icsd_audit.alloc.variants import Allocation
+from icsd_audit.dumps.provenance import json_safe
 from icsd_audit.dumps.writer import dictionary_columns, dump_metadata
 from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBatch
 from icsd_audit.alloc.segments import dense_ids, segment_sum
@@ -74,9 +75,18 @@ def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
     return float(((sc - sg).abs() / sg.abs().clamp(min=1e-300)).max()) if n else 0.0
 
 
-def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions) -> CoeffsSummary:
-    """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order."""
+def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions | None = None
+                         ) -> CoeffsSummary:
+    """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order.
+
+    ``opts``: the allocator settings; ``None`` recomputes what was deployed, with the
+    settings the dumps record (:func:`~icsd_audit.dumps.settings.deployed_options`).
+    """
     out = check_output_file(out, paths)
+    if opts is None:
+        from icsd_audit.dumps.settings import deployed_options
+
+        opts = deployed_options(paths)
     reader = DumpReader(paths, columns=None, require=required_columns(opts.allocator))
     schema = _output_schema(reader)
     check_resources(reader, workers=1)
@@ -110,7 +120,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
                 table = _set_column(table, "fallback", pa.array(np.asarray(fb[sl])))
                 if writer is None:
                     kv = dict(table.schema.metadata or {})
-                    kv[METADATA_KEY.encode()] = json.dumps(meta, sort_keys=True).encode()
+                    kv[METADATA_KEY.encode()] = json.dumps(json_safe(meta), sort_keys=True, allow_nan=False).encode()
                     full = pa.schema([f if f.name in OUTPUT_COLUMNS else schema.field(f.name) for f in table.schema]).with_metadata(kv)
                     writer = pq.ParquetWriter(tmp_out, full, compression="zstd",
                                               use_dictionary=dictionary_columns(full))

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 __all__ = ["ALLOCATOR_KEYS", "PRODUCER_KEYS", "COEFFICIENT_KEYS", "ENGINES", "ALLOC_SCOPES", "RATIO_SOURCES",
-           "allocator_block", "deployed_block", "producer_block", "json_safe", "records_settings", "relevant_keys", "RecordedSettings",
-           "SettingsMismatch", "recorded_settings", "settings_groups"]
+           "allocator_block", "deployed_block", "producer_block", "json_safe", "records_settings", "relevant_keys",
+           "RecordedSettings", "SettingsMismatch", "recorded_settings", "settings_groups"]
 
 #: keys of the ``allocator`` block, in SPEC 9 order; every one is present in a written shard
 ALLOCATOR_KEYS = ("allocator", "trust", "trust_beta", "trust_eta", "influence_eta", "eps", "min_group",
@@ -218,6 +218,8 @@ class RecordedSettings:
     values: Mapping[str, Any]
     block: Mapping[str, Any]
     files: tuple[Path, ...]
+    #: files audited with these settings that record none themselves (older or foreign dumps)
+    unrecorded: tuple[Path, ...] = ()
 
     @property
     def source(self) -> Path:
@@ -282,14 +284,18 @@ def recorded_settings(paths: Sequence[Path], metas: Sequence[Mapping[str, Any] |
     """The one set of deployed settings of these files, or ``None`` when none records any.
 
     Raises :class:`SettingsMismatch` (one line naming two files and the field) when
-    files differ in a relevant setting not in ``ignore``, or when some files record
-    settings and others do not (field ``allocator``).
+    files differ in a relevant setting not in ``ignore``.  Files that record no settings
+    at all take those the others record (listed in ``unrecorded``, for the caller to
+    say so): unknown is no disagreement.
     """
     groups = settings_groups(paths, metas, ignore=ignore)
-    if len(groups) == 1:
-        return groups[0][0]
-    (first, files_a), (second, files_b) = groups[0], groups[1]
-    a = {} if first is None else first.values
-    b = {} if second is None else second.values
-    field = _first_difference(a, b, ignore) or "allocator"
-    raise SettingsMismatch(files_a[0], files_b[0], field, a.get(field), b.get(field))
+    recorded = [(rec, files) for rec, files in groups if rec is not None]
+    unrecorded = next((tuple(files) for rec, files in groups if rec is None), ())
+    if not recorded:
+        return None
+    if len(recorded) > 1:
+        (first, files_a), (second, files_b) = recorded[0], recorded[1]
+        field = _first_difference(first.values, second.values, ignore) or "allocator"  # type: ignore[union-attr]
+        raise SettingsMismatch(files_a[0], files_b[0], field, first.values.get(field),  # type: ignore[union-attr]
+                               second.values.get(field))  # type: ignore[union-attr]
+    return dataclasses.replace(recorded[0][0], unrecorded=unrecorded)  # type: ignore[arg-type]

@@ -12,7 +12,8 @@ the file and its first row.
 The ``icsd.dump`` metadata of every file is checked when the reader opens it: a
 foreign schema, an unknown major version or a blob that is not a JSON object is
 refused; a file without the blob gets one warning (:class:`DumpWarning`), and so do
-files whose recorded allocator settings or synthetic flags disagree.
+files whose synthetic flags disagree (recorded allocator settings are compared by the
+audit that applies them, :mod:`icsd_audit.dumps.settings`).
 """
 
 from __future__ import annotations
@@ -190,13 +191,19 @@ def read_metadata(path: Path | str) -> dict:
 
 
 def check_metadata(paths: Sequence[Path], metas: Sequence[dict | None]) -> None:
-    """Warn once about files without provenance and about files whose recorded settings disagree."""
+    """Warn once about files without provenance and about files whose synthetic flags disagree.
+
+    Recorded allocator settings are compared where an audit applies them
+    (:mod:`icsd_audit.dumps.settings`): files that differ in a setting that changes
+    coefficients are refused there, not pooled with a warning.
+    """
     missing = [p for p, m in zip(paths, metas) if m is None]
     if missing:
         more = f" and {len(missing) - 1} more file(s)" if len(missing) > 1 else ""
         warnings.warn(f"{missing[0]}{more}: no '{METADATA_KEY}' metadata; provenance (producer, allocator, "
-                      "synthetic flag) unknown", DumpWarning, stacklevel=3)
-    for key in ("allocator", "synthetic"):
+                      "synthetic flag) unknown; an audit uses its default allocator settings, or those the other "
+                      "inputs record", DumpWarning, stacklevel=3)
+    for key in ("synthetic",):
         groups: dict[str, list[Path]] = {}
         for p, m in zip(paths, metas):
             if m is not None:

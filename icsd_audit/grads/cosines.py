@@ -274,14 +274,22 @@ def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int
     ).numpy()
 
 
-def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions, compare: AllocatorOptions, permutations: int = 20,
-                seed: int = 0, n_resamples: int = 10_000, confidence_level: float = 0.95, clip_eps: float = 0.2,
+def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions | None = None,
+                compare: AllocatorOptions | None = None, permutations: int = 20, seed: int = 0,
+                n_resamples: int = 10_000, confidence_level: float = 0.95, clip_eps: float = 0.2,
                 dual_clip: float = 3.0, blocks: int = 8) -> GradcosSummary:
     """Stream the dumps and compute the SPEC 8 compatibility summary.
 
     The permutation control shuffles ICSD's calibrated scores (SPEC 5 ``permuted``),
     so it runs when ``compare`` is ``icsd``; other compare allocators get none.
+    ``base`` / ``compare`` left ``None``: SDAR and the deployed allocator, with the
+    settings the dumps record (SPEC 9).
     """
+    if base is None or compare is None:
+        from icsd_audit.dumps.settings import audit_settings
+
+        b, c = audit_settings(paths).pair()
+        base, compare = base or b, compare or c
     if permutations < 0:
         raise ValueError(f"permutations must be >= 0, got {permutations}")
     if blocks < 0:

@@ -96,12 +96,18 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     (each from its own per-turn sums on the resample stream of its layout, SPEC 7), so
     every interval here equals the one ``icsd audit tcm|quadrants|shift|clip|landscape``
     prints for the same dumps and seed.  ``workers``: batches allocated at once and
-    bootstrap processes; never changes a value.
+    bootstrap processes; never changes a value.  ``options=None``: SDAR against the
+    deployed allocator with the settings the dumps record (SPEC 9);
+    ``ReportOptions.deployed(*audit_settings(paths, trust=...).pair())`` overrides some.
     """
     from icsd_audit.stats.bootstrap import bootstrap_ratio_families
     from icsd_audit.stats.run import landscape_ranks
 
-    opts = options or ReportOptions()
+    if options is None:  # SDAR against what the dumps record as deployed
+        from icsd_audit.dumps.settings import audit_settings
+
+        options = ReportOptions.deployed(*audit_settings(paths).pair())
+    opts = options
     # optional columns are read where a file has them; absent ones are never loaded
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))

@@ -56,9 +56,13 @@ class ReportOptions:
     compare: str = "icsd"
     trust: str = "laplace"
     trust_beta: float = 5.0
+    trust_eta: float = 0.4
+    influence_eta: float = 0.5
     min_group: int = 8
     eps: float = 1e-4
     seed: int = 0
+    #: seed of the ``permuted`` allocator on either side (``None``: ``seed``, which also seeds the bootstraps)
+    alloc_seed: int | None = None
     n_resamples: int = 10_000
     confidence_level: float = 0.95
     grid: int = 20
@@ -95,8 +99,18 @@ class ReportOptions:
                         + LANDSCAPE_STATISTICS)
 
     def allocator(self, name: str, seed: int | None = None) -> AllocatorOptions:
-        return AllocatorOptions(allocator=name, trust=self.trust, trust_beta=self.trust_beta,
-                                min_group=self.min_group, eps=self.eps, seed=self.seed if seed is None else seed)
+        if seed is None:
+            seed = self.seed if self.alloc_seed is None else self.alloc_seed
+        return AllocatorOptions(allocator=name, trust=self.trust, trust_beta=self.trust_beta, trust_eta=self.trust_eta,
+                                influence_eta=self.influence_eta, min_group=self.min_group, eps=self.eps, seed=seed)
+
+    @classmethod
+    def deployed(cls, base: AllocatorOptions, compare: AllocatorOptions, **options: Any) -> "ReportOptions":
+        """Report options for the pair of :meth:`~icsd_audit.dumps.settings.AuditSettings.pair` (the two share
+        every setting); ``options``: the other fields (``n_resamples``, ``seed``, ...)."""
+        return cls(base=base.allocator, compare=compare.allocator, trust=compare.trust, trust_beta=compare.trust_beta,
+                   trust_eta=compare.trust_eta, influence_eta=compare.influence_eta, min_group=compare.min_group,
+                   eps=compare.eps, alloc_seed=compare.seed, **options)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

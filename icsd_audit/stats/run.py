@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
-from icsd_audit.stats.api import AuditAccumulator, AuditResults, LandscapeAccumulator, LandscapeResult
+from icsd_audit.stats.api import AuditAccumulator, AuditResults, GroupedResult, LandscapeAccumulator, LandscapeResult
 from icsd_audit.stats.landscape import LandscapeRanks
 from icsd_audit.stats.budget import (LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid,
                                      check_resources)
 
-__all__ = ["AuditRequest", "run_audit", "run_landscape", "landscape_ranks", "BY_COLUMNS"]
+__all__ = ["AuditRequest", "run_audit", "run_audit_groups", "run_landscape", "landscape_ranks", "deployed_request",
+           "BY_COLUMNS"]
 
 BY_COLUMNS = ("step", "env", "task")
 
@@ -46,6 +47,18 @@ class AuditRequest:
     n_bins: int = 5
 
 
+def deployed_request(paths: Sequence[str | Path], **options: Any) -> AuditRequest:
+    """An :class:`AuditRequest` comparing SDAR with what the dumps record as deployed (SPEC 9).
+
+    ``options``: further :class:`AuditRequest` fields (``n_resamples``, ``by``, ...);
+    the TCM threshold ``eps`` is the deployed allocator's.
+    """
+    from icsd_audit.dumps.settings import audit_settings
+
+    base, compare = audit_settings(paths).pair()
+    return AuditRequest(base=base, compare=compare, eps=compare.eps, **options)
+
+
 def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | None:
     if by is None:
         return None
@@ -56,12 +69,18 @@ def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | Non
 
 def run_audit(
     paths: Sequence[str | Path],
-    req: AuditRequest,
+    req: AuditRequest | None = None,
     *,
     statistics: Sequence[str],
     progress: Callable[[int, int], None] | None = None,
 ) -> AuditResults:
-    """Stream every batch of ``paths`` into one accumulator and bootstrap once."""
+    """Stream every batch of ``paths`` into one accumulator and bootstrap once.
+
+    ``req=None``: SDAR against the deployed allocator, with the settings the dumps
+    record (:func:`deployed_request`).
+    """
+    if req is None:
+        req = deployed_request(paths)
     n_stat = audit_statistic_count(tuple(statistics), req.n_bins)
     check_bootstrap(req.n_resamples, n_stat)
     columns = [req.by] if req.by else []
@@ -98,15 +117,31 @@ def landscape_ranks(reader: DumpReader, grid: int) -> dict:
     return ranks.finalize()
 
 
-def run_landscape(paths: Sequence[str | Path], req: AuditRequest, *, grid: int = 20) -> LandscapeResult:
+def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequest]], *, statistics: Sequence[str],
+                     by: str = "settings") -> AuditResults:
+    """Audit each group ``(key, files, request)`` on its own and return one result per key (``by``).
+
+    For files deployed with different settings (``--by settings``): every group is
+    allocated with its own settings and bootstrapped on its own turns.
+    """
+    keys = tuple(k for k, _, _ in groups)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"group keys must be distinct, got {list(keys)}")
+    results = [run_audit(files, req, statistics=statistics) for _, files, req in groups]
+    return AuditResults(**{s: GroupedResult(by, keys, tuple(getattr(r, s) for r in results)) for s in statistics})
+
+
+def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20) -> LandscapeResult:
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
 
     Two passes: the exact mid-rank edges from the values (:func:`landscape_ranks`),
     then the allocated batches reduced to grid sums and per-turn region sums as they
     stream, so memory stays a few floats per turn plus 4 bytes per token during the
-    first pass.
+    first pass.  ``req=None``: SDAR against the deployed allocator (:func:`deployed_request`).
     """
     check_grid(grid)
+    if req is None:
+        req = deployed_request(paths)
     check_bootstrap(req.n_resamples, LANDSCAPE_STATISTICS)
     reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
     check_resources(reader, workers=req.workers, landscape=True)

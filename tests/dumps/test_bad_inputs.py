@@ -143,19 +143,22 @@ def test_minor_versions_are_read_and_missing_metadata_warns_once(tmp_path: Path)
 # ---------------------------------------------------------------- item 9: disagreeing provenance
 
 
-def test_disagreeing_allocator_settings_warn_and_coeffs_keeps_each_files_provenance(tmp_path: Path) -> None:
+def test_disagreeing_allocator_settings_are_refused_unless_overridden_and_coeffs_keeps_each_files_provenance(
+        tmp_path: Path) -> None:
     d = tmp_path / "d"
     write(grad_table(), d / "a.parquet")
     other = dump_metadata(producer="other", synthetic=False, allocator={"allocator": "sdar", "eps": 1e-3})
     write(grad_table(seed=5), d / "b.parquet", meta=other)
-    with pytest.warns(DumpWarning, match="allocator") as rec:
-        DumpReader([d])
-    text = " ".join(str(w.message) for w in rec)
-    assert "a.parquet" in text and "b.parquet" in text
+    # SPEC 9: deployed differently, never pooled silently: one line naming both files and the field
     res = cli("audit", "coeffs", str(d), "--out", str(tmp_path / "c.parquet"))
+    one_line_exit_2(res, "b.parquet")
+    assert "a.parquet" in res.stderr and "'allocator'" in res.stderr and not (tmp_path / "c.parquet").exists()
+    # the flags replace both differing settings: pooled, each replaced value named on one line
+    res = cli("audit", "coeffs", str(d), "--out", str(tmp_path / "c.parquet"), "--allocator", "icsd", "--eps", "1e-4")
     assert res.returncode == 0, res.stderr
-    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
-    assert len([w for w in warned if "different allocator settings" in w]) == 1
+    notes = [ln for ln in res.stderr.splitlines() if ln.startswith("note:")]
+    assert notes == [f"note: --allocator icsd overrides the deployed allocator 'sdar' (recorded in {d / 'b.parquet'})",
+                     f"note: --eps 0.0001 overrides the deployed eps 0.001 (recorded in {d / 'b.parquet'})"]
     meta = json.loads(pq.read_schema(tmp_path / "c.parquet").metadata[METADATA_KEY.encode()])
     assert meta["schema"] == "icsd.token_dump" and meta["version"] == 1
     assert meta["synthetic"] is True  # one input is synthetic, so the pooled output is

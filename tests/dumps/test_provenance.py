@@ -120,9 +120,9 @@ def test_recorded_settings_name_two_files_and_the_field() -> None:
     msg = str(e.value)
     assert "c.parquet" in msg and "a.parquet" in msg and "'trust'" in msg and "'sigmoid'" in msg and "\n" not in msg
     assert recorded_settings(files, [a, same, other], ignore=["trust"]) is not None
-    # some files with settings, some without: refused on 'allocator'
-    with pytest.raises(SettingsMismatch, match="'allocator'"):
-        recorded_settings(files[:2], [a, {}])
+    # a file that records nothing is no disagreement: it takes the others' settings, and is listed
+    mixed = recorded_settings(files[:2], [a, {}])
+    assert mixed is not None and mixed.files == (files[0],) and mixed.unrecorded == (files[1],)
     assert recorded_settings(files[:1], [{}]) is None
 
 
@@ -142,3 +142,37 @@ def test_drop_in_writes_the_settings_it_deployed(tmp_path: Path) -> None:
     p = meta["producer"]
     assert (p["name"], p["engine"], p["rank"], p["world_size"]) == ("icsd.verl-agent", "verl-agent", 0, 1)
     assert math.isfinite(float(torch.as_tensor(dp.batch["icsd_c"]).sum()))
+
+
+def test_drop_in_run_with_non_default_settings_is_recomputed_and_verified_without_flags(tmp_path: Path) -> None:
+    """Done-when of issue 25 for the verl-agent drop-in: coeffs (no flags) reproduces the deployed c, verify
+    exits 0, and one altered c makes verify exit 1 naming that batch."""
+    from tests.cli.test_outputs import cli
+    from tests.dumps.test_verify import alter
+    from tests.integrations.test_sdar import _dataproto
+
+    from icsd_audit.integrations.sdar import allocate_dataproto, dump_writer
+
+    d = tmp_path / "dumps"
+    for step in (0, 1):  # two steps of two mini-batches each, one shard per mini-batch
+        dp, n = _dataproto(10 + step, n_traj=12)
+        allocate_dataproto(dp, mini_batch_rows=(n + 1) // 2, step=step, writer=dump_writer(d, rank=0),
+                           trust="sigmoid", trust_beta=2.0, min_group=3, eps=1e-3, allocator="icsd")
+    shards = sorted(d.glob("*.parquet"))
+    assert len(shards) == 4
+    out = tmp_path / "c.parquet"
+    r = cli("audit", "coeffs", str(d), "--out", str(out))
+    assert r.returncode == 0 and "warning" not in r.stderr and "note" not in r.stderr, r.stderr
+    stored = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
+    assert np.array_equal(pq.read_table(out).column("c").to_numpy().astype(np.float32), stored)
+    # the defaults (laplace trust, min_group 8) would not have reproduced it
+    r = cli("audit", "coeffs", str(d), "--out", str(tmp_path / "l.parquet"), "--trust", "laplace", "--min-group", "8",
+            "--eps", "1e-4")
+    assert not np.array_equal(pq.read_table(tmp_path / "l.parquet").column("c").to_numpy().astype(np.float32), stored)
+    assert cli("audit", "verify", str(d)).returncode == 0
+    c = pq.read_table(shards[3]).column("c").to_numpy()
+    alter(shards[3], "c", 5, c[5] * 1.5 + 0.01)
+    bid = int(pq.read_table(shards[3]).column("batch_id").to_numpy()[0])
+    r = cli("audit", "verify", str(d))
+    assert r.returncode == 1
+    assert r.stdout.startswith(f"batch {bid} ({shards[3]}): c differs on 1 of ") and "1 of 4 batches differ" in r.stdout

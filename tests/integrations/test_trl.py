@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
 datasets = pytest.importorskip("datasets", reason="datasets (a TRL dependency) not installed")
 
+import trl  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from icsd_audit.integrations.core import distillation_loss  # noqa: E402
@@ -23,7 +24,7 @@ def _reward(completions, **_):
     return [float(len(c) % 5) for c in completions]
 
 
-def _trainer(tmp_path, *, steps: int = 3, dump: bool = True) -> ICSDGRPOTrainer:
+def _trainer(tmp_path, *, steps: int = 3, dump: bool = True, **settings) -> ICSDGRPOTrainer:
     from icsd_audit.train.skills import load_skillbank
 
     model, tok = tiny_random_causal_lm(seed=0)
@@ -34,7 +35,8 @@ def _trainer(tmp_path, *, steps: int = 3, dump: bool = True) -> ICSDGRPOTrainer:
                       report_to=[], logging_steps=1, save_strategy="no", seed=0, temperature=1.0,
                       dataloader_num_workers=0)
     bank = load_skillbank("webshop")
-    icsd = ICSDConfig(distill_coef=0.5, min_group=4, dump_dir=str(tmp_path / "dumps") if dump else None)
+    icsd = ICSDConfig(**{"distill_coef": 0.5, "min_group": 4, **settings},
+                      dump_dir=str(tmp_path / "dumps") if dump else None)
     return ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=ds,
                            icsd=icsd, teacher_prompt=skill_teacher_prompt(bank))
 
@@ -64,6 +66,36 @@ def test_trl_run_writes_dumps_that_audit_coeffs_recomputes_exactly(tmp_path):
     logs = [h for h in tr.state.log_history if "icsd/aux_loss" in h]
     assert logs and all(np.isfinite(h["icsd/aux_loss"]) for h in logs)
     assert all("icsd/tcm_icsd" in h for h in logs)
+
+
+def test_sigmoid_trust_run_is_audited_as_deployed_without_flags(tmp_path):
+    """Done-when of issue 25 for TRL: every shard records the deployed settings (SPEC 9); ``icsd audit coeffs``
+    without flags reproduces the deployed c, ``icsd audit verify`` exits 0, and one altered c exits 1 naming it."""
+    import pyarrow.parquet as pq
+    from icsd_audit.dumps.reader import read_metadata
+    from tests.cli.test_outputs import cli
+    from tests.dumps.test_verify import alter
+
+    tr = _trainer(tmp_path, steps=2, trust="sigmoid", trust_beta=3.0, eps=1e-3)
+    tr.train()
+    shards = sorted((tmp_path / "dumps").glob("*.parquet"))
+    meta = read_metadata(shards[0])
+    assert meta["allocator"] == {"allocator": "icsd", "trust": "sigmoid", "trust_beta": 3.0, "trust_eta": 0.4,
+                                 "influence_eta": 0.5, "eps": 1e-3, "min_group": 4, "alloc_scope": "mini-batch",
+                                 "ratio_source": "fixed-1", "seed": 0, "lambda": 0.5}
+    p = meta["producer"]
+    assert (p["name"], p["engine"], p["engine_version"], p["rank"], p["world_size"]) == (
+        "icsd.trl", "trl", trl.__version__, 0, 1)
+    r = cli("audit", "coeffs", str(tmp_path / "dumps"), "--out", str(tmp_path / "c.parquet"))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    dumped = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
+    assert np.array_equal(pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32), dumped)
+    v = cli("audit", "verify", str(tmp_path / "dumps"))
+    assert v.returncode == 0, v.stdout + v.stderr
+    c = pq.read_table(shards[1]).column("c").to_numpy()
+    alter(shards[1], "c", 3, c[3] + 0.5)
+    v = cli("audit", "verify", str(tmp_path / "dumps"))
+    assert v.returncode == 1 and v.stdout.startswith(f"batch 1 ({shards[1]}): c differs on 1 of "), v.stdout
 
 
 def test_loss_is_trl_loss_plus_weighted_distillation(tmp_path):

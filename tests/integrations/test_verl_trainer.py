@@ -204,7 +204,19 @@ def test_icsd_sync_driver_step(setup, tmp_path):
 
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
     assert [p.name for p in shards] == ["part-000000-r00000.parquet", "part-000001-r00000.parquet"]
-    compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=2))
+    import verl
+
+    from icsd_audit.dumps.reader import read_metadata
+    from icsd_audit.dumps.settings import deployed_options
+
+    meta = read_metadata(shards[0])  # SPEC 9: the deployed settings, the engine, the driver writing for dp 2
+    assert meta["allocator"] == {"allocator": "icsd", "trust": "laplace", "trust_beta": 5.0, "trust_eta": 0.4,
+                                 "influence_eta": 0.5, "eps": 1e-4, "min_group": 2, "alloc_scope": "mini-batch",
+                                 "ratio_source": "fixed-1", "seed": 0, "lambda": 0.05}
+    p = meta["producer"]
+    assert (p["engine"], p["engine_version"], p["rank"], p["world_size"]) == ("verl", verl.__version__, 0, 2)
+    compute_coefficients(shards, tmp_path / "c.parquet")  # with the recorded settings
+    assert deployed_options(shards) == AllocatorOptions(min_group=2)
     rec = pq.read_table(tmp_path / "c.parquet")
     dumped = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
     assert np.array_equal(rec.column("c").to_numpy().astype(np.float32), dumped)

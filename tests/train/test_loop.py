@@ -150,15 +150,22 @@ def test_one_step_on_builtin_webshop(tmp_path, bank):
                                              ("fisher", "mini-batch"), ("icsd", "micro-batch"),
                                              ("fisher", "micro-batch")])
 def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator, scope):
-    """icsd audit's allocate_batch on the dump gives the deployed c exactly (float32 storage)."""
+    """icsd audit's allocate_batch with the settings the dump records gives the deployed c exactly (float32
+    storage), and ``icsd audit verify`` agrees."""
     from icsd_audit.alloc.options import AllocatorOptions, allocate_batch
     from icsd_audit.dumps.reader import DumpReader
+    from icsd_audit.dumps.settings import deployed_options
+    from icsd_audit.dumps.verify import verify_dumps
     from icsd_audit.train.loop import train
 
     cfg = tiny_cfg(tmp_path / "run", bank, allocator=allocator, alloc_seed=7, alloc_scope=scope)
     res = train(cfg, env_factory=varied_factory())
-    opts = AllocatorOptions(allocator=allocator, trust=cfg.trust, min_group=cfg.min_group, eps=cfg.alloc_eps,
-                            seed=cfg.alloc_seed)
+    opts = deployed_options([res.dumps_dir])  # SPEC 9: what the shards record
+    assert opts == AllocatorOptions(allocator=allocator, trust=cfg.trust, min_group=cfg.min_group, eps=cfg.alloc_eps,
+                                    seed=cfg.alloc_seed)
+    checked = verify_dumps([res.dumps_dir])
+    assert checked.ok and checked.checked == ("g", "m", "c")
+    assert len(checked.batches) == (2 if scope == "mini-batch" else 4)
     n = 0
     for batch in DumpReader([res.dumps_dir], columns=None):
         alloc = allocate_batch(batch.tokens, opts)
