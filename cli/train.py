@@ -13,7 +13,7 @@ from .apps import app
 
 
 #: What ``pip install 'icsd-audit[train]'`` adds (pyproject.toml), by import name.
-TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors", "peft")
+TRAIN_EXTRA = ("transformers", "gguf", "accelerate", "bm25s", "safetensors")
 
 
 def _require_train_extra(command: str) -> None:

@@ -79,7 +79,7 @@ from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.grads.sketch import GradientSketcher, SketchResult
 from icsd_audit.train.losses import token_losses
 from icsd_audit.train.logprobs import autocast_for, pack, response_logprobs, score_rows, split_rows
-from icsd_audit.train.memory import OptimizerSpill, checkpointed_blocks
+from icsd_audit.train.memory import OptimizerSpill, checkpointed_blocks, mapped_large_allocations
 from icsd_audit.train.sketching import response_sketch
 
 __all__ = [
@@ -382,80 +382,83 @@ class Actor:
             delta = torch.zeros_like(old)
 
         # ---- gradient micro-batches (in micro-batch scope each one allocates from its own forward)
-        t0 = time.perf_counter()
-        self.model.train(False)  # no dropout: the pre-pass and the gradient pass see the same function
-        self.opt.zero_grad(set_to_none=True)
-        dev = self.device
-        train_logp = torch.empty_like(old)
-        # the gradient forward's score norms are kept where no earlier pass gave them
-        want_sn = self.distill.enabled and not prepass
-        sums = dict(pg=0.0, kl=0.0, kd=0.0, aux=0.0, clipped=0.0, dual=0.0, ppo_kl=0.0, loss=0.0)
-        off = 0
-        sketcher = self.sketcher if (sketch and self.distill.enabled) else None
-        sketches: list[SketchResult] = []
-        hooks = sketcher if sketcher is not None else nullcontext()
-        # the sketcher's hooked layers must run (and fire) once: their blocks are not recomputed
-        keep = sketcher.layer_names if sketcher is not None else []
-        for j, m in enumerate(micro):
-            packed = pack([data.prompts[i] for i in m], [data.responses[i] for i in m], pad_id=self.pad_id, device=dev)
-            recompute = checkpointed_blocks(self.model, skip=keep) if self.recompute_activations else nullcontext()
-            with hooks, recompute:  # attached for this forward only
-                with autocast_for(dev, self.precision):
-                    out = response_logprobs(self.model, packed, temperature=self.temperature, with_score_norm=want_sn)
-                    lp2d, sn2d = out if want_sn else (out, None)
-                if sketcher is not None:  # before the backward: collect reads the graph, keeps it
+        with mapped_large_allocations():  # activations in their own mmaps: no heap fragmentation
+            t0 = time.perf_counter()
+            self.model.train(False)  # no dropout: the pre-pass and the gradient pass see the same function
+            self.opt.zero_grad(set_to_none=True)
+            dev = self.device
+            train_logp = torch.empty_like(old)
+            # the gradient forward's score norms are kept where no earlier pass gave them
+            want_sn = self.distill.enabled and not prepass
+            sums = dict(pg=0.0, kl=0.0, kd=0.0, aux=0.0, clipped=0.0, dual=0.0, ppo_kl=0.0, loss=0.0)
+            off = 0
+            sketcher = self.sketcher if (sketch and self.distill.enabled) else None
+            sketches: list[SketchResult] = []
+            hooks = sketcher if sketcher is not None else nullcontext()
+            # the sketcher's hooked layers must run (and fire) once: their blocks are not recomputed
+            keep = sketcher.layer_names if sketcher is not None else []
+            for j, m in enumerate(micro):
+                packed = pack([data.prompts[i] for i in m], [data.responses[i] for i in m], pad_id=self.pad_id,
+                              device=dev)
+                recompute = checkpointed_blocks(self.model, skip=keep) if self.recompute_activations else nullcontext()
+                with hooks, recompute:  # attached for this forward only
+                    with autocast_for(dev, self.precision):
+                        out = response_logprobs(self.model, packed, temperature=self.temperature,
+                                                with_score_norm=want_sn)
+                        lp2d, sn2d = out if want_sn else (out, None)
+                    if sketcher is not None:  # before the backward: collect reads the graph, keeps it
+                        t1 = time.perf_counter()
+                        sketches.append(response_sketch(sketcher, packed, lp2d).to("cpu"))
+                        timer.add("sketch", time.perf_counter() - t1)
+                logp = lp2d[packed.response_mask]
+                sl = slice(off, off + logp.numel())
+                off += logp.numel()
+                if sn2d is not None:
+                    score_norm[sl] = sn2d[packed.response_mask].float().cpu()
+                if micro_scope:
+                    # allocation from this micro-batch's own forward: no extra pass
                     t1 = time.perf_counter()
-                    sketches.append(response_sketch(sketcher, packed, lp2d).to("cpu"))
-                    timer.add("sketch", time.perf_counter() - t1)
-            logp = lp2d[packed.response_mask]
-            sl = slice(off, off + logp.numel())
-            off += logp.numel()
-            if sn2d is not None:
-                score_norm[sl] = sn2d[packed.response_mask].float().cpu()
-            if micro_scope:
-                # allocation from this micro-batch's own forward: no extra pass
-                t1 = time.perf_counter()
-                assert teacher is not None and c is not None and delta is not None
-                cur[sl] = logp.detach().float().cpu()
-                ratio_alloc[sl] = torch.exp((cur[sl] - old[sl]).clamp(-20.0, 20.0))
-                delta[sl] = (teacher[sl] - cur[sl]).float()
-                mbid = micro_batch_id(bid, j)
-                part = self._allocate_canonical(adv=adv[sl], ratio=ratio_alloc[sl], delta=delta[sl], traj=traj[sl],
-                                                turn=turn[sl], pos=pos[sl], bid=mbid,
-                                                score_norm=score_norm[sl] if self.distill.needs_score_norm else None)
-                allocs.append((sl, part))
-                c[sl] = part.c.float()
-                batch_ids[sl] = mbid
-                timer.add("allocation", time.perf_counter() - t1)
-            tl = token_losses(
-                logp=logp, old_logp=old[sl].to(dev), advantage=adv[sl].to(dev),
-                ref_logp=None if ref is None else ref[sl].to(dev),
-                teacher_logp=None if teacher is None else teacher[sl].to(dev),
-                c=None if c is None else c[sl].to(dev),
-                clip_ratio=self.clip_ratio, dual_clip=self.dual_clip, kl_coef=self.kl_coef,
-                distill_coef=self.distill.coef, pg_coef=self.pg_coef,
-            )
-            loss = tl.total.sum() / n_tok
-            loss.backward()
-            with torch.no_grad():
-                train_logp[sl] = logp.detach().float().cpu()
-                sums["pg"] += float(tl.pg.sum())
-                sums["kl"] += float(tl.kl.sum())
-                sums["kd"] += float(tl.kd.sum())
-                sums["aux"] += float(tl.aux.sum())
-                sums["clipped"] += float(tl.clipped.float().sum())
-                sums["dual"] += float(tl.dual_clipped.float().sum())
-                sums["ppo_kl"] += float((old[sl].to(dev) - logp).sum())
-                sums["loss"] += float(loss) * n_tok
-        assert off == n_tok, "token layout mismatch between the pre-pass and the gradient pass"
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
-        stepped = math.isfinite(grad_norm)
-        if stepped:
-            with self.spill.resident():
-                self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        timer.add("grad", time.perf_counter() - t0)
+                    assert teacher is not None and c is not None and delta is not None
+                    cur[sl] = logp.detach().float().cpu()
+                    ratio_alloc[sl] = torch.exp((cur[sl] - old[sl]).clamp(-20.0, 20.0))
+                    delta[sl] = (teacher[sl] - cur[sl]).float()
+                    mbid = micro_batch_id(bid, j)
+                    sn_sl = score_norm[sl] if self.distill.needs_score_norm else None
+                    part = self._allocate_canonical(adv=adv[sl], ratio=ratio_alloc[sl], delta=delta[sl], traj=traj[sl],
+                                                    turn=turn[sl], pos=pos[sl], bid=mbid, score_norm=sn_sl)
+                    allocs.append((sl, part))
+                    c[sl] = part.c.float()
+                    batch_ids[sl] = mbid
+                    timer.add("allocation", time.perf_counter() - t1)
+                tl = token_losses(
+                    logp=logp, old_logp=old[sl].to(dev), advantage=adv[sl].to(dev),
+                    ref_logp=None if ref is None else ref[sl].to(dev),
+                    teacher_logp=None if teacher is None else teacher[sl].to(dev),
+                    c=None if c is None else c[sl].to(dev),
+                    clip_ratio=self.clip_ratio, dual_clip=self.dual_clip, kl_coef=self.kl_coef,
+                    distill_coef=self.distill.coef, pg_coef=self.pg_coef,
+                )
+                loss = tl.total.sum() / n_tok
+                loss.backward()
+                with torch.no_grad():
+                    train_logp[sl] = logp.detach().float().cpu()
+                    sums["pg"] += float(tl.pg.sum())
+                    sums["kl"] += float(tl.kl.sum())
+                    sums["kd"] += float(tl.kd.sum())
+                    sums["aux"] += float(tl.aux.sum())
+                    sums["clipped"] += float(tl.clipped.float().sum())
+                    sums["dual"] += float(tl.dual_clipped.float().sum())
+                    sums["ppo_kl"] += float((old[sl].to(dev) - logp).sum())
+                    sums["loss"] += float(loss) * n_tok
+            assert off == n_tok, "token layout mismatch between the pre-pass and the gradient pass"
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+            stepped = math.isfinite(grad_norm)
+            if stepped:
+                with self.spill.resident():
+                    self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            timer.add("grad", time.perf_counter() - t0)
 
         ratio_train = torch.exp((train_logp - old).clamp(-20.0, 20.0))
         mm: dict[str, float] = {

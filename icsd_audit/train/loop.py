@@ -66,7 +66,7 @@ from icsd_audit.train.checkpoint import checkpoint_dir, latest_checkpoint, save_
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.logprobs import score_rows, split_rows
-from icsd_audit.train.memory import OptimizerSpill, map_large_allocations, release_freed_memory
+from icsd_audit.train.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
 from icsd_audit.train.resume import Plan, Progress, TrainingStopped, check_services, plan_run
 from icsd_audit.train.rundir import drop_steps_from, held_run, open_run_folder
@@ -342,7 +342,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
            stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
     out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
     set_threads(cfg.threads)
-    map_large_allocations()  # no heap fragmentation under the activations (see .memory)
+    map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
 

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ["ADAPTER_META", "REFERENCE_ADAPTER", "LoraSettings", "AdapterError", "is_adapter_dir", "is_model_dir",
-           "read_adapter_meta", "adapter_settings", "base_of", "add_adapter", "load_adapter", "AdapterSaver",
+           "read_adapter_meta", "adapter_settings", "require_peft", "base_of", "add_adapter", "load_adapter", "AdapterSaver",
            "reference_scope", "export_merged", "same_model", "trainable_parameters"]
 
 #: icsd's metadata next to peft's files: the base model (icsd names), LoRA settings, producer.
@@ -62,6 +62,7 @@ class LoraSettings:
     targets: str
 
     def peft_config(self) -> Any:
+        require_peft()
         from peft import LoraConfig
 
         targets: Any = "all-linear" if self.targets == "all-linear" else [t.strip() for t in self.targets.split(",")
@@ -69,6 +70,15 @@ class LoraSettings:
         # no dropout: the model stays in eval mode so the ratio pre-pass and the gradient pass agree
         return LoraConfig(r=int(self.rank), lora_alpha=float(self.alpha), target_modules=targets, lora_dropout=0.0,
                           bias="none", task_type="CAUSAL_LM")
+
+
+def require_peft() -> None:
+    """One line naming the install command when peft is missing (only LoRA needs it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise AdapterError("LoRA needs the peft library, part of the [train] extra: pip install 'icsd-audit[train]' "
+                           "(from a checkout: pip install -e '.[train]')")
 
 
 def is_adapter_dir(path: str | Path) -> bool:
@@ -158,6 +168,7 @@ def _quiet() -> Iterator[None]:
 
 def add_adapter(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
     """``model`` wrapped by peft with a fresh adapter (``B = 0``, ``A`` seeded; the caller's RNG untouched)."""
+    require_peft()
     from peft import get_peft_model
 
     with _seeded(seed):
@@ -172,6 +183,7 @@ def load_adapter(model: Any, adapter: str | Path, *, trainable: bool, reference_
 
     ``reference_from``: also load that folder's adapter, frozen, as :data:`REFERENCE_ADAPTER`.
     """
+    require_peft()
     from peft import PeftModel
 
     try:

@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 __all__ = ["checkpointed_blocks", "decoder_blocks", "release_freed_memory", "map_large_allocations", "peak_rss_bytes",
-           "OptimizerSpill"]
+           "OptimizerSpill", "mapped_large_allocations", "HEAP_LIMIT"]
 
 
 def decoder_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -111,6 +111,32 @@ def map_large_allocations(threshold: int = 1 << 20) -> bool:
     """
     mallopt = getattr(_libc(), "mallopt", None) if _libc() else None
     return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold))) if mallopt is not None else False
+
+
+#: glibc's largest dynamic mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): below it, the heap
+HEAP_LIMIT = 32 << 20
+
+
+@contextmanager
+def mapped_large_allocations(threshold: int = 1 << 20) -> Iterator[None]:
+    """Within the block, allocations of ``threshold`` bytes or more get their own mmap; after it, the heap again.
+
+    For the actor's gradient pass, whose activations fragment the heap (see
+    :func:`map_large_allocations`). Everywhere else a fixed 1 MB threshold costs time: every
+    freshly mapped block is zero-filled page by page by the kernel, and the no-grad passes
+    (sampling, teacher, reference, ratio pre-pass) allocate and free such blocks in every
+    layer; with them on the heap, a freed block is reused without a page fault. Measured on
+    the 2-core box (SmolLM2-135M, 4 rows of 400 tokens, one process alternating the two
+    settings, 3 rounds): a scoring pass 57 / 64 / 36 s with the 1 MB threshold against
+    48 / 30 / 16 s with 32 MB. After the block the threshold is :data:`HEAP_LIMIT` and freed
+    heap pages go back to the OS (``malloc_trim``).
+    """
+    map_large_allocations(threshold)
+    try:
+        yield
+    finally:
+        map_large_allocations(HEAP_LIMIT)
+        release_freed_memory()
 
 
 def peak_rss_bytes() -> int:
