@@ -84,6 +84,8 @@ def test_cli_lora_run_writes_adapter_only_checkpoint_and_dumps_audit_recomputes(
     dumped = np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards])
     assert got.num_rows == dumped.size > 0
     assert np.array_equal(got.column("c").to_numpy().astype(np.float32), dumped)
+    v = _icsd("audit", "verify", str(run / "dumps"))  # the shards' own provenance reproduces them
+    assert v.returncode == 0 and "every batch agrees" in v.stderr + v.stdout, v.stderr
 
 
 # ----------------------------------------------------------------------------- library-level checks
