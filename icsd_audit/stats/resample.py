@@ -8,12 +8,11 @@ are ``counts @ sums``.
 function of the seed and of the *layout* only: the sequence of stratum sizes (turns
 per batch, batches in their canonical order).  They never depend on the sums, on which
 statistics are computed, or on how many; every statistic on a layout reads the same
-resamples, and each statistic's products are computed on their own (fixed shapes:
-:data:`PANEL` columns, :data:`TILE` clusters), so its bits do not depend on what else
-is computed in the same pass either.  Resamples come in blocks of :data:`BLOCK`, each
-drawn from its own child generator (SFC64, seeded from the caller's seed through a
-SeedSequence and the block number), so neither memory chunking nor the number of
-workers changes a value, and the first R resamples do not depend on how many are drawn.
+resamples.  Resamples come in blocks of :data:`BLOCK`, each drawn from its own child
+generator (SFC64, seeded from the caller's seed through a SeedSequence and the block
+number), so neither memory chunking nor the number of workers changes a value, and the
+first R resamples do not depend on how many are drawn (work units of :data:`SUPER`
+blocks are always computed whole).
 
 The counts of a block are drawn by *Poissonization with an exact correction*:
 
@@ -30,8 +29,16 @@ Random stream of a block, in order: one word per cluster (clusters in layout ord
 a double per straddling bucket (in cluster, then resample order), the added draws
 (stratum by stratum, resample by resample), the redrawn (stratum, resample) pairs.
 Counts are held cluster-major (a cluster's BLOCK counts side by side, 1 byte each).
-Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.forked`: the
-engine holds the GIL too often for threads to help), threads elsewhere.
+
+**Products** (:class:`Family`, one per statistic): the family's columns times each
+block's counts, tile by tile (:data:`TILE` clusters) and :data:`PANEL` columns per
+product; columns that are nonzero on few clusters (a share-shift bin, the clipped
+tokens) are multiplied by those clusters' gathered counts only.  Every shape and every
+such choice depends on the family's own sums, so a statistic's resampled sums are the
+same bits whatever other statistics share the draw.  A tile of sums is read once per
+work unit of SUPER blocks (then from cache), which matters once they outgrow the
+caches.  Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.forked`:
+the engine holds the GIL too often for threads to help), threads elsewhere.
 
 Pure numpy.
 """
@@ -59,8 +66,12 @@ BLOCK = 16
 TUPLE = 4
 #: clusters per matrix-product tile, and columns per product: fixed shapes, so that a
 #: statistic's resampled sums are the same bits whatever else is computed beside it
-TILE = 4096
-PANEL = 8
+TILE = 2048
+PANEL = 6
+#: blocks in a work unit: a tile of sums is read once for SUPER blocks (one (P x TILE) slice, then
+#: from cache), not once per block: the sums outgrow the caches on large inputs
+SUPER = 4
+SPAN = BLOCK * SUPER
 
 _TABLE_BITS = 16
 _TABLE_SIZE = 1 << _TABLE_BITS
@@ -147,7 +158,12 @@ class _Level:
         self.table = np.where(lo == hi, table, table | _FLAG).astype(_CODE)
         # candidates of a straddling bucket: tuples lo .. lo + width
         self.lo = lo.astype(np.int32)
-        self.width = np.minimum(hi - lo, 127).astype(np.int8)
+        self.width = (hi - lo).astype(np.int32)
+        # a bucket straddling one step (most): u = (b + v) / 2**16 passes the step cdf[lo] iff
+        # v >= cdf[lo] * 2**16 - b, a difference computed exactly (both in [b, b + 1))
+        lo_c = np.minimum(lo, cdf.size - 1)
+        self.step = np.where(hi > lo, cdf[lo_c] * _TABLE_SIZE - np.arange(_TABLE_SIZE), 0.0)
+        self.after = self.codes[np.minimum(lo + 1, cdf.size - 1)]
 
     def resolve(self, bucket: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Packed counts of the tuples at u = (bucket + v) / 2**16 (``v`` doubles in [0, 1)).
@@ -155,13 +171,20 @@ class _Level:
         A bucket straddling one CDF step (most) needs one comparison; wider ones a
         binary search.
         """
-        x = (bucket + v) / _TABLE_SIZE
-        i = self.lo[bucket].astype(np.int64)
-        i += self.cdf[i] <= x
+        out = np.where(v >= self.step[bucket], self.after[bucket], self.table[bucket] & ~_FLAG)
         wide = np.flatnonzero(self.width[bucket] > 1)
-        if wide.size:
-            i[wide] = np.searchsorted(self.cdf, x[wide], side="right")
-        return self.codes[np.minimum(i, len(self.codes) - 1)]
+        if wide.size:  # the first tuple whose CDF exceeds u, among lo .. lo + width (bisection)
+            b = bucket[wide]
+            x = (b + v[wide]) / _TABLE_SIZE
+            lo = self.lo[b].astype(np.int64)
+            hi = lo + self.width[b]
+            while (active := lo < hi).any():
+                mid = (lo + hi) // 2
+                past = self.cdf[np.minimum(mid, len(self.cdf) - 1)] <= x
+                lo = np.where(active & past, mid + 1, lo)
+                hi = np.where(active & ~past, mid, hi)
+            out[wide] = self.codes[np.minimum(lo, len(self.codes) - 1)]
+        return out
 
 
 @functools.cache
@@ -198,6 +221,10 @@ class Layout:
         self.cuts = np.concatenate(pieces).astype(np.int64)
         self.first_cut = np.concatenate([[0], np.cumsum([p.size for p in pieces])[:-1]]).astype(np.int64)
 
+        # per (stratum, resample), row-major: the stratum's size, and its first cluster's flat count index
+        self.size_sr = np.repeat(self.sizes.astype(np.float64), BLOCK)
+        self.base_sr = (self.starts[:, None] * BLOCK + np.arange(BLOCK)[None, :]).reshape(-1)
+
     @property
     def key(self) -> bytes:
         return self.sizes.tobytes()
@@ -233,7 +260,7 @@ def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: Layout) -> Non
             t1 = min(b, t0 + _CHUNK)
             u = bitgen.random_raw((t1 - t0) * per // 4).view(np.uint16)
             dst = flat[t0 * per : t1 * per]
-            np.take(table, u, out=dst, mode="clip")  # (mode="raise" would buffer out)
+            np.take(table, u, out=dst, mode="wrap")  # (u < 2**16 = table size; mode="raise" would buffer out)
             fl = np.flatnonzero(dst < 0)  # buckets straddling a CDF step
             if fl.size:
                 flagged.append((fl + t0 * per, u[fl], lv))
@@ -255,9 +282,10 @@ def _block_counts(gen: np.random.Generator, out: np.ndarray, lay: Layout) -> Non
     if total:
         # uniform cluster in 0..n_s-1: floor(U * n_s), U a double (bias below n_s / 2**53)
         u = gen.random(total)
-        u *= np.repeat(np.repeat(sizes, rows), add)
-        cluster = np.repeat(np.repeat(starts, rows), add) + u.astype(np.int64)
-        target = cluster * rows + np.repeat(np.tile(np.arange(rows, dtype=np.int64), sizes.size), add)
+        u *= np.repeat(lay.size_sr, add)
+        target = u.astype(np.int64)
+        target *= rows
+        target += np.repeat(lay.base_sr, add)  # the stratum's first count of this resample
         np.add.at(out.reshape(-1), target, np.int8(1))  # (a Python int 1 takes a slow path)
     for s, r in np.argwhere(short < 0).tolist():  # (stratum, resample) order
         a, m = int(starts[s]), int(sizes[s])
@@ -271,12 +299,34 @@ def _block_generator(seed_seq: np.random.SeedSequence, b: int) -> np.random.Gene
 # --------------------------------------------------------------------------- resampled sums of a statistic
 
 
+#: relative costs per (resample, cluster) behind the choice of a family's sparse parts: a gathered
+#: and converted row of counts, and one column of a product (measured on the dev box; any values
+#: give the same numbers, only the speed changes)
+_GATHER_COST, _COLUMN_COST = 0.33, 0.077
+#: fixed cost of a part (its calls), in clusters of gathering
+_PART_OVERHEAD = 2048
+
+
+class _Part:
+    """Columns of a family whose sums are nonzero on a few clusters only: those clusters' counts, gathered."""
+
+    def __init__(self, ST: np.ndarray, cols: list[int], rows: np.ndarray, gstart: np.ndarray, gstop: np.ndarray):
+        self.cols, self.rows = np.asarray(cols), rows
+        self.ST = np.ascontiguousarray(ST[np.ix_(self.cols, rows)])  # (columns, rows)
+        # group g owns rows gcut[g]:gcut[g + 1] (rows ascend, groups are contiguous in the layout)
+        self.glo = np.searchsorted(rows, gstart, side="left")
+        self.ghi = np.searchsorted(rows, gstop, side="left")
+
+
 class Family:
     """One statistic's per-cluster sums on a layout: ST (K x clusters, layout order), strata grouped.
 
     Groups (e.g. training steps) are contiguous runs of strata; the resampled sums of a
     group add only its own clusters.  Products run tile by tile (:data:`TILE` clusters)
-    and :data:`PANEL` columns at a time, so a column's sums depend only on this family.
+    and :data:`PANEL` columns at a time.  Columns that are nonzero on few clusters (a
+    share-shift bin, the clipped tokens) form *parts*: columns with the same nonzero
+    clusters, multiplied by those clusters' counts only.  Which columns go where depends
+    on this family's sums alone, so a column's sums depend only on this family.
     """
 
     def __init__(self, ST: np.ndarray, strata_group: Sequence[int], n_groups: int, lay: Layout):
@@ -287,7 +337,6 @@ class Family:
         if len(sgroup) != lay.sizes.size or (np.diff(sgroup) < 0).any() or (sgroup < 0).any() or (sgroup >= n_groups).any():
             raise ValueError("strata must be sorted by group, with group codes in 0..n_groups-1")
         self.k, self.n_groups = ST.shape[0], int(n_groups)
-        self.ST = ST  # (K, clusters): a panel's rows are contiguous per cluster range
         ends = lay.starts + lay.sizes
         self.gstart = np.zeros(self.n_groups, np.int64)
         self.gstop = np.zeros(self.n_groups, np.int64)
@@ -297,34 +346,106 @@ class Family:
                 self.gstart[g], self.gstop[g] = lay.starts[sel[0]], ends[sel[-1]]
             elif g:
                 self.gstart[g] = self.gstop[g] = self.gstop[g - 1]
-        self.panels = [(p, min(self.k, p + PANEL)) for p in range(0, self.k, PANEL)]
         # many narrow groups: one segment sum per sub-tile instead of products per group
         self.narrow = self.n_groups > 8 and lay.n / self.n_groups < 256
-        self.sub = max(16, (1 << 16) // (BLOCK * max(self.k, 1)))
+        self.parts: list[_Part] = []
+        dense = list(range(self.k))
+        if not self.narrow:
+            dense = self._split_sparse(ST, lay.n)
+        self.dense = np.asarray(dense, dtype=np.int64)
+        self.ST = ST if len(dense) == self.k else np.ascontiguousarray(ST[self.dense])
+        kd = len(dense)
+        self.panels = [(p, min(kd, p + PANEL)) for p in range(0, kd, PANEL)]
+        self.sub = max(16, (1 << 16) // (SPAN * max(kd, 1)))
+
+    def _split_sparse(self, ST: np.ndarray, n: int) -> list[int]:
+        """Group the columns by their nonzero clusters; keep as parts those cheaper gathered."""
+        by_support: dict[tuple[int, int], list[tuple[np.ndarray, list[int]]]] = {}
+        for c in range(self.k):
+            nz = np.flatnonzero(ST[c])
+            if nz.size > n * _COLUMN_COST / _GATHER_COST:
+                continue  # too dense for a part even alone
+            bucket = by_support.setdefault((nz.size, hash(nz.tobytes())), [])
+            for rows, cols in bucket:
+                if np.array_equal(rows, nz):
+                    cols.append(c)
+                    break
+            else:
+                bucket.append((nz, [c]))
+        in_parts: set[int] = set()
+        for bucket in by_support.values():
+            for rows, cols in bucket:
+                w = len(cols)
+                gathered = (rows.size + _PART_OVERHEAD) * _GATHER_COST + rows.size * _COLUMN_COST * w
+                if rows.size and gathered < n * _COLUMN_COST * w:
+                    self.parts.append(_Part(ST, cols, rows, self.gstart, self.gstop))
+                    in_parts.update(cols)
+                elif not rows.size:
+                    in_parts.update(cols)  # all zero: sums stay 0
+        self.parts.sort(key=lambda p: int(p.cols[0]))
+        return [c for c in range(self.k) if c not in in_parts]
+
+    @property
+    def part_rows(self) -> np.ndarray:
+        """Every part's clusters, part after part (one gather per block)."""
+        if not hasattr(self, "_part_rows"):
+            self._part_rows = np.concatenate([p.rows for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+            self.part_off = np.concatenate([[0], np.cumsum([p.rows.size for p in self.parts])[:-1]]).astype(int).tolist()
+        return self._part_rows
 
     @property
     def width(self) -> int:
         return self.n_groups * self.k
 
-    def add_tile(self, cf: np.ndarray, c0: int, c1: int, T: np.ndarray) -> None:
-        """T (BLOCK, groups, K) += the sums of clusters c0..c1 weighted by their counts ``cf`` (c1-c0, BLOCK)."""
-        g_lo = int(np.searchsorted(self.gstop, c0, side="right"))
-        g_hi = int(np.searchsorted(self.gstart, c1, side="left"))
+    @property
+    def gathered(self) -> int:
+        """Clusters the parts gather per block (their counts buffer)."""
+        return int(self.part_rows.size)
+
+    def add_tile(self, cf: np.ndarray, c0: int, c1: int, acc: np.ndarray) -> None:
+        """acc (groups, SUPER, dense K, BLOCK) += the dense columns' sums over clusters c0..c1, weighted by
+        their counts ``cf`` (SUPER, c1 - c0, BLOCK): one (P x w) @ (w x BLOCK) product per block."""
         if self.narrow:
             for s0 in range(c0, c1, self.sub):
                 s1 = min(c1, s0 + self.sub)
                 lo = int(np.searchsorted(self.gstop, s0, side="right"))
                 hi = int(np.searchsorted(self.gstart, s1, side="left"))
                 cuts = np.clip(self.gstart[lo:hi], s0, s1) - s0
-                prod = self.ST[:, s0:s1, None] * cf[None, s0 - c0 : s1 - c0, :]  # (K, w, BLOCK)
-                T[:, lo:hi, :] += np.add.reduceat(prod, cuts, axis=1).transpose(2, 1, 0)
+                prod = self.ST[None, :, s0:s1, None] * cf[:, None, s0 - c0 : s1 - c0, :]  # (SUPER, K, w, BLOCK)
+                acc[lo:hi] += np.add.reduceat(prod, cuts, axis=2).transpose(2, 0, 1, 3)
             return
+        g_lo = int(np.searchsorted(self.gstop, c0, side="right"))
+        g_hi = int(np.searchsorted(self.gstart, c1, side="left"))
         for g in range(g_lo, g_hi):
             a, z = max(c0, int(self.gstart[g])), min(c1, int(self.gstop[g]))
             if z <= a:
                 continue
             for p0, p1 in self.panels:
-                T[:, g, p0:p1] += (self.ST[p0:p1, a:z] @ cf[a - c0 : z - c0]).T
+                acc[g, :, p0:p1] += np.matmul(self.ST[p0:p1, a:z], cf[:, a - c0 : z - c0])
+
+    def add_parts(self, counts: np.ndarray, gbuf: np.ndarray, cf: np.ndarray, acc_of: Any) -> None:
+        """Every part's sums: the parts' clusters' counts gathered at once into ``gbuf``, then converted
+        tile by tile and multiplied part by part (and group by group) where they meet a tile."""
+        if not self.parts:
+            return
+        got = gbuf[:, : self.part_rows.size]
+        np.take(counts, self.part_rows, axis=1, out=got, mode="wrap")
+        for t0 in range(0, got.shape[1], TILE):
+            t1 = min(got.shape[1], t0 + TILE)
+            x = cf[:, : t1 - t0]
+            np.copyto(x, got[:, t0:t1], casting="unsafe")
+            for part, off in zip(self.parts, self.part_off):
+                a0, z0 = max(t0, off), min(t1, off + part.rows.size)  # this part's rows in the tile
+                if z0 <= a0:
+                    continue
+                acc = acc_of(part)
+                for g in range(self.n_groups):
+                    a, z = max(a0, off + int(part.glo[g])), min(z0, off + int(part.ghi[g]))
+                    if z <= a:
+                        continue
+                    for p0 in range(0, part.cols.size, PANEL):
+                        p1 = min(part.cols.size, p0 + PANEL)
+                        acc[g, :, p0:p1] += np.matmul(part.ST[p0:p1, a - off : z - off], x[:, a - t0 : z - t0])
 
 
 class _Engine:
@@ -335,30 +456,49 @@ class _Engine:
         self.width = sum(f.width for f in self.families)
         self._local = threading.local()
 
-    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        """This thread's counts and float64 tile, reused block after block.
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
 
         Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
         advice on arrays of 4 MB or more can stall the fault on compaction).
         """
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = (np.empty((self.lay.n, BLOCK), dtype=np.int8),
-                                     np.empty((min(self.lay.n, TILE), BLOCK), dtype=np.float64))
+            gathered = max((f.gathered for f in self.families), default=0)
+            buf = self._local.buf = (np.empty((SUPER, self.lay.n, BLOCK), dtype=np.int8),
+                                     np.empty((SUPER, min(max(self.lay.n, gathered), TILE), BLOCK), dtype=np.float64),
+                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8))
         return buf
 
-    def block(self, b: int) -> np.ndarray:
-        """(BLOCK, total width): every family's (groups x K) sums, side by side."""
-        counts, cbuf = self._buffers()
-        _block_counts(_block_generator(self.seed_seq, b), counts, self.lay)
-        Ts = [np.zeros((BLOCK, f.n_groups, f.k), dtype=np.float64) for f in self.families]
-        for c0 in range(0, self.lay.n, TILE):
-            c1 = min(self.lay.n, c0 + TILE)
-            cf = cbuf[: c1 - c0]
-            np.copyto(cf, counts[c0:c1], casting="unsafe")
-            for f, T in zip(self.families, Ts):
-                f.add_tile(cf, c0, c1, T)
-        return np.concatenate([T.reshape(BLOCK, -1) for T in Ts], axis=1)
+    def block(self, u: int) -> np.ndarray:
+        """(SPAN, total width): every family's (groups x K) sums over the resamples of work unit u (SUPER blocks)."""
+        counts, cbuf, gbuf = self._buffers()
+        for j in range(SUPER):
+            _block_counts(_block_generator(self.seed_seq, u * SUPER + j), counts[j], self.lay)
+        accs = [np.zeros((f.n_groups, SUPER, len(f.dense), BLOCK)) for f in self.families]
+        if any(f.panels for f in self.families):
+            for c0 in range(0, self.lay.n, TILE):
+                c1 = min(self.lay.n, c0 + TILE)
+                cf = cbuf[:, : c1 - c0]
+                np.copyto(cf, counts[:, c0:c1], casting="unsafe")
+                for f, acc in zip(self.families, accs):
+                    if f.panels:
+                        f.add_tile(cf, c0, c1, acc)
+        out = []
+        for f, acc in zip(self.families, accs):
+            T = np.zeros((f.n_groups, SUPER, f.k, BLOCK))
+            T[:, :, f.dense] = acc
+            part_acc: dict[int, np.ndarray] = {}
+
+            def acc_of(part: _Part, part_acc: dict = part_acc, f: Family = f) -> np.ndarray:
+                return part_acc.setdefault(id(part), np.zeros((f.n_groups, SUPER, part.cols.size, BLOCK)))
+
+            f.add_parts(counts, gbuf, cbuf, acc_of)
+            for part in f.parts:
+                if id(part) in part_acc:
+                    T[:, :, part.cols] = part_acc[id(part)]
+            out.append(T.transpose(1, 3, 0, 2).reshape(SPAN, -1))  # resample j * BLOCK + r
+        return np.concatenate(out, axis=1)
 
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
         out, j = [], 0
@@ -382,28 +522,29 @@ def family_sums(
     T has shape (r1 - r0, groups, K) for resamples r0..r1-1.  One draw of counts per
     block serves every family; neither ``chunk_size`` (resamples per yielded chunk) nor
     ``workers`` (forked processes on Linux, threads elsewhere) changes any value.
-    Working memory: BLOCK bytes per cluster per worker, plus a 512 KB tile.
+    Working memory per worker: SPAN bytes per cluster and per gathered cluster of the sparse
+    parts, and a 1 MB tile.
     """
     eng = _Engine(lay, families, seed)
-    n_blocks = -(-n_resamples // BLOCK)
-    per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // BLOCK)
-    chunks = [range(b0, min(n_blocks, b0 + per_chunk)) for b0 in range(0, n_blocks, per_chunk)]
-    workers = max(1, min(int(workers), n_blocks))
+    n_units = -(-n_resamples // SPAN)  # whole units: the first R resamples never depend on how many are drawn
+    per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // SPAN)
+    chunks = [range(b0, min(n_units, b0 + per_chunk)) for b0 in range(0, n_units, per_chunk)]
+    workers = max(1, min(int(workers), n_units))
     with contextlib.ExitStack() as stack:
         stack.enter_context(BlasThreads(1))
-        if workers > 1 and fork_available(n_blocks):  # processes: the block engine holds the GIL too often for threads
-            forked = stack.enter_context(ForkedBlocks(eng.block, n_blocks, workers, shape=(BLOCK, eng.width)))
+        if workers > 1 and fork_available(n_units):  # processes: the block engine holds the GIL too often for threads
+            forked = stack.enter_context(ForkedBlocks(eng.block, n_units, workers, shape=(SPAN, eng.width)))
             compute = forked.take
         elif workers > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
-            compute = lambda blocks: list(pool.map(eng.block, blocks))  # noqa: E731
+            compute = lambda units: list(pool.map(eng.block, units))  # noqa: E731
         else:
-            compute = lambda blocks: [eng.block(b) for b in blocks]  # noqa: E731
-        for blocks in chunks:
-            flat = np.concatenate(compute(blocks), axis=0)
-            r0 = blocks[0] * BLOCK
+            compute = lambda units: [eng.block(u) for u in units]  # noqa: E731
+        for units in chunks:
+            flat = np.concatenate(compute(units), axis=0)
+            r0 = units[0] * SPAN
             r1 = min(n_resamples, r0 + flat.shape[0])
             yield r0, r1, [T[: r1 - r0] for T in eng.split(flat)]
 
