@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 __all__ = ["ALLOCATOR_KEYS", "PRODUCER_KEYS", "COEFFICIENT_KEYS", "ENGINES", "ALLOC_SCOPES", "RATIO_SOURCES",
            "allocator_block", "deployed_block", "producer_block", "json_safe", "records_settings", "relevant_keys",
-           "RecordedSettings", "SettingsMismatch", "recorded_settings", "settings_groups"]
+           "recorded_values", "RecordedSettings", "SettingsMismatch", "recorded_settings", "settings_groups"]
 
 #: keys of the ``allocator`` block, in SPEC 9 order; every one is present in a written shard
 ALLOCATOR_KEYS = ("allocator", "trust", "trust_beta", "trust_eta", "influence_eta", "eps", "min_group",
@@ -243,9 +243,16 @@ class SettingsMismatch(ValueError):
         self.files, self.field = (first, second), field
 
 
-def _values(meta: Mapping[str, Any]) -> dict[str, Any]:
-    block = meta["allocator"]
-    return {k: block.get(k) for k in COEFFICIENT_KEYS}
+def recorded_values(path: Path | str, block: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`COEFFICIENT_KEYS` of a recorded ``allocator`` block, checked as a producer's are.
+
+    A value of the wrong type or not finite (a foreign writer's) is a ``ValueError``
+    naming the file.
+    """
+    try:
+        return {k: _setting(k, block.get(k)) for k in COEFFICIENT_KEYS}
+    except ValueError as exc:
+        raise ValueError(f"{path}: recorded {exc}") from None
 
 
 def _first_difference(a: Mapping[str, Any], b: Mapping[str, Any], ignore: Sequence[str]) -> str | None:
@@ -269,7 +276,7 @@ def settings_groups(paths: Sequence[Path], metas: Sequence[Mapping[str, Any] | N
             else:
                 hit[1].append(path)
             continue
-        vals = _values(meta)  # type: ignore[arg-type]
+        vals = recorded_values(path, meta["allocator"])  # type: ignore[index]
         for i, (rec, files) in enumerate(groups):
             if rec is not None and _first_difference(rec.values, vals, ignore) is None:
                 files.append(path)

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from icsd_audit.alloc.options import AllocatorOptions, allocate_batch, required_columns
-from icsd_audit.dumps.provenance import COEFFICIENT_KEYS, records_settings, relevant_keys
+from icsd_audit.dumps.provenance import COEFFICIENT_KEYS, recorded_values, records_settings, relevant_keys
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, read_metadata, resolve_paths
 
 __all__ = ["STORAGE_RTOL", "STORAGE_ATOL", "CHECKED", "ColumnCheck", "BatchCheck", "VerifyResult", "verify_dumps",
@@ -145,12 +145,16 @@ def file_settings(path: Path | str, meta: Mapping[str, Any]) -> AllocatorOptions
             raise DumpError(path, "records no allocator settings (SPEC 9 'allocator' block), so there is nothing "
                                   "to recompute its g, m, c with; `icsd audit coeffs` with explicit flags recomputes it")
         block = meta["allocator"]
-    missing = [k for k in relevant_keys(block) if block.get(k) is None]
+    try:
+        values = recorded_values(path, block)
+    except ValueError as exc:
+        raise DumpError(path, str(exc).split(": ", 1)[1]) from None
+    missing = [k for k in relevant_keys(values) if values[k] is None]
     if missing:
         raise DumpError(path, f"the recorded allocator settings leave {', '.join(missing)} unknown (null); "
                               "verify recomputes with recorded settings only")
     defaults = AllocatorOptions()
-    return AllocatorOptions(**{k: block[k] if block.get(k) is not None else getattr(defaults, k)
+    return AllocatorOptions(**{k: values[k] if values[k] is not None else getattr(defaults, k)
                                for k in COEFFICIENT_KEYS})
 
 

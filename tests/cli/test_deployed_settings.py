@@ -143,3 +143,16 @@ def test_a_resumed_folder_is_audited_with_the_settings_of_the_shards_that_count(
     assert s.deployed.trust_beta == 3.0 and s.recorded is not None and s.recorded.files == tuple(later.values())
     with pytest.warns(DumpWarning, match="written again later"):
         assert verify_dumps([tmp_path / "d"]).ok
+
+
+def test_a_foreign_block_with_a_bad_setting_is_one_line(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    cols = synth_tokens(300, seed=1, n_batches=1)
+    blob = {"schema": "icsd.token_dump", "version": 1, "producer": {"name": "foreign"}, "synthetic": False,
+            "allocator": {"allocator": "icsd", "eps": float("nan"), "min_group": "eight"}}
+    table = pa.table(cols).replace_schema_metadata({b"icsd.dump": json.dumps(blob).encode()})  # NaN as foreign JSON
+    pq.write_table(table, tmp_path / "f.parquet")
+    for cmd in (("tcm", "--json"), ("verify",)):
+        r = cli("audit", *cmd, str(tmp_path / "f.parquet"))
+        one_line_exit_2(r, "f.parquet", "recorded allocator setting 'eps' is nan")
