@@ -40,7 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
+from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, AllocationDiagnostics,
+                                       allocate)
+from icsd_audit.integrations.checks import TrajNames, check_mask, check_values
 
 __all__ = [
     "C_KEY",
@@ -119,10 +121,11 @@ def _row_turns(turn_id: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, t, torch.full_like(t, -1))
 
 
-def duplicate_rows(traj_id: Tensor, first_turn: Tensor, mask: Tensor) -> Tensor:
+def duplicate_rows(traj_id: Tensor, first_turn: Tensor, mask: Tensor, *, names: TrajNames | None = None) -> Tensor:
     """``[B]`` index of the earlier row each row copies (same trajectory and first turn), -1 if none.
 
-    Raises ``ValueError`` when two rows share the key but not the response mask.
+    Raises ``ValueError`` when two rows share the key but not the response mask (naming the
+    trajectory as ``names`` gives it, else by its integer id).
     """
     traj = torch.as_tensor(traj_id).long().cpu()
     first = torch.as_tensor(first_turn).long().cpu()
@@ -141,7 +144,8 @@ def duplicate_rows(traj_id: Tensor, first_turn: Tensor, mask: Tensor) -> Tensor:
         differ = (m[rows] != m[dup[rows]]).any(dim=1)
         if bool(differ.any()):
             r = int(rows[differ][0])
-            raise ValueError(f"rows {int(dup[r])} and {r} share trajectory {int(traj[r])} and turn {int(first[r])} "
+            who = names(r) if names is not None else f"trajectory {int(traj[r])}"
+            raise ValueError(f"rows {int(dup[r])} and {r} share {who} and turn {int(first[r])} "
                              "but not their response masks: they are not copies")
     return dup
 
@@ -163,7 +167,7 @@ def _is_canonical(traj: Tensor, turn: Tensor, pos: Tensor) -> bool:
 def allocate_padded(
     *,
     advantage: Tensor,
-    ratio: Tensor,
+    ratio: Tensor | float,
     delta: Tensor,
     response_mask: Tensor,
     traj_id: Tensor,
@@ -171,26 +175,40 @@ def allocate_padded(
     turn_offset: Tensor | None = None,
     batch_id: int = 0,
     dedupe: bool = True,
-    **allocator: Any,
+    traj_names: TrajNames | None = None,
+    allocator: str = "icsd",
+    trust: str = "laplace",
+    trust_beta: float = SIGMOID_BETA,
+    trust_eta: float = TRUST_ETA,
+    influence_eta: float = INFLUENCE_ETA,
+    eps: float = EPS,
+    min_group: int = MIN_GROUP,
+    seed: int = 0,
 ) -> PaddedAllocation:
     """Allocate one actor mini-batch held as padded ``[B, T]`` tensors.
 
     ``advantage`` may be ``[B]`` (per row) or ``[B, T]``; ``ratio`` and ``delta`` are
     ``[B, T]`` (``ratio`` may be a scalar 1.0 on a step's first mini-batch).
-    ``traj_id`` is ``[B]``.  ``turn_id`` is ``[B]`` (one turn per row) or ``[B, T]``;
+    ``traj_id`` is ``[B]`` integers.  ``turn_id`` is ``[B]`` (one turn per row) or ``[B, T]``;
     without it the runs of 1s of ``response_mask`` number the turns (plus
-    ``turn_offset``).  ``allocator`` passes through to :func:`allocate` (``allocator=``,
-    ``trust=``, ``eps=``, ``min_group=``, ...).
+    ``turn_offset``).  The allocator settings are :func:`allocate`'s.  A shape that fits
+    neither the mask nor its rows, or a value that is not finite on a valid token, is a
+    one-line :class:`~icsd_audit.integrations.checks.BatchInputError` naming the argument,
+    the row and, with ``traj_names``, the user's own trajectory id.
     """
-    mask = torch.as_tensor(response_mask).bool()
+    mask = check_mask("response_mask", response_mask)
     B, T = mask.shape
     dev = mask.device
     turns = turn_ids_from_mask(mask, turn_offset) if turn_id is None else _row_turns(turn_id, mask)
-    traj = torch.as_tensor(traj_id, device=dev).long()
-    if traj.shape != (B,):
-        raise ValueError(f"traj_id must have shape ({B},), got {tuple(traj.shape)}")
+    traj_t = torch.as_tensor(traj_id, device=dev)
+    if traj_t.shape != (B,) or traj_t.is_floating_point() or traj_t.dtype == torch.bool:
+        raise ValueError(f"traj_id must be {B} integers (one per row), got {traj_t.dtype} of shape {tuple(traj_t.shape)}")
+    traj = traj_t.long()
+    vals = {name: check_values(name, x, mask, names=traj_names, allow_scalar=True)
+            for name, x in (("advantage", advantage), ("ratio", ratio), ("delta", delta))}
 
-    dup = duplicate_rows(traj, _first_turn(turns, mask), mask) if dedupe else torch.full((B,), -1, dtype=torch.long)
+    dup = (duplicate_rows(traj, _first_turn(turns, mask), mask, names=traj_names) if dedupe
+           else torch.full((B,), -1, dtype=torch.long))
     keep = mask & (dup.to(dev) < 0).view(-1, 1)
     pos = torch.where(mask, torch.cumsum(mask.long(), dim=1) - 1, torch.full((B, T), -1, dtype=torch.long, device=dev))
 
@@ -202,21 +220,21 @@ def allocate_padded(
         order = torch.from_numpy(np.lexsort((ps.cpu().numpy(), tu.cpu().numpy(), tr.cpu().numpy()))).to(dev)
         flat, rows, tr, tu = flat[order], rows[order], tr[order], tu[order]
 
-    def pick(x: Any, name: str) -> Tensor:
-        t = torch.as_tensor(x, device=dev).detach()
+    def pick(name: str) -> Tensor:
+        t = vals[name].to(dev).detach()
         if t.dim() == 0:
             v = t.expand(flat.numel())
-        elif t.dim() == 1 and t.shape[0] == B:
+        elif t.dim() == 1:
             v = t[rows]
-        elif t.shape == (B, T):
-            v = t.reshape(-1)[flat]
         else:
-            raise ValueError(f"{name} of shape {tuple(t.shape)} fits neither the mask {(B, T)} nor its rows")
+            v = t.reshape(-1)[flat]
         # float32 rounding first: the dump stores float32 and the audit recomputes from it
         return v.float().double()
 
-    out = allocate(advantage=pick(advantage, "advantage"), ratio=pick(ratio, "ratio"), delta=pick(delta, "delta"),
-                   traj_id=tr, turn_id=tu, batch_id=torch.full_like(rows, int(batch_id)), **allocator)
+    out = allocate(advantage=pick("advantage"), ratio=pick("ratio"), delta=pick("delta"), traj_id=tr, turn_id=tu,
+                   batch_id=torch.full_like(rows, int(batch_id)), allocator=allocator, trust=trust,
+                   trust_beta=trust_beta, trust_eta=trust_eta, influence_eta=influence_eta, eps=eps,
+                   min_group=min_group, seed=seed)
     copies = torch.nonzero(dup >= 0).flatten().to(dev)
     originals = dup.to(dev)[copies]
 
@@ -237,15 +255,21 @@ def mini_batch_ids(n_rows: int, *, mini_batch_rows: int, dp_size: int = 1) -> np
 
     verl (legacy ``dp_actor`` and v1 workers alike) hands each of ``dp_size`` ranks a
     contiguous chunk of the rows, and each rank cuts its chunk into consecutive
-    mini-batches of ``mini_batch_rows // dp_size`` rows; global mini-batch ``k`` is the
-    union of the ranks' ``k``-th pieces, and one optimizer step runs over it.
+    mini-batches of ``mini_batch_rows // dp_size`` rows (``DataProto.split``: the last
+    one may be short); global mini-batch ``k`` is the union of the ranks' ``k``-th
+    pieces, and one optimizer step runs over it.  When ``n_rows`` does not divide by
+    ``dp_size``, verl's auto-padding dispatch appends copies of the first rows so that
+    every rank gets ``ceil(n_rows / dp_size)`` rows; the rows given here are placed as
+    they are in that padded batch (the copies, which carry their original's ``c``, are
+    not listed).
     """
-    if n_rows % dp_size or mini_batch_rows % dp_size:
-        raise ValueError(f"{n_rows} rows and mini-batches of {mini_batch_rows} rows must both divide by dp size {dp_size}")
-    per_rank, m = n_rows // dp_size, mini_batch_rows // dp_size
-    if per_rank % m:
-        raise ValueError(f"{per_rank} rows per rank do not split into mini-batches of {m}")
-    return (np.arange(n_rows) % per_rank) // m
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    per_mini = int(mini_batch_rows) // int(dp_size)
+    if per_mini < 1:
+        raise ValueError(f"mini-batches of {mini_batch_rows} rows leave no row per rank on {dp_size} ranks")
+    per_rank = -(-int(n_rows) // int(dp_size))
+    return (np.arange(n_rows) % max(per_rank, 1)) // per_mini
 
 
 # ------------------------------------------------------------------------------ settings and TCM

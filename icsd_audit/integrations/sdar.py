@@ -24,6 +24,7 @@ not have before their forward pass (our built-in actor runs a no-grad pre-pass f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA
+from icsd_audit.integrations.checks import TrajNames, check_mask, check_row_ids, check_turn_ids, check_values
 from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
                                           stable_traj_id, write_dump)
 from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
-__all__ = ["C_KEY", "SDAR_TEACHER_KEY", "compute_icsd_loss", "allocate_dataproto", "dump_writer", "stable_traj_id"]
+__all__ = ["C_KEY", "SDAR_TEACHER_KEY", "DataProtoAllocation", "compute_icsd_loss", "allocate_dataproto", "dump_writer",
+           "stable_traj_id"]
 
 #: the key SDAR's verl-agent forks store the privileged teacher's log-probs under (their own name, read as is; verl
 #: v1 runs use :data:`~icsd_audit.integrations.core.TEACHER_KEY`)
@@ -84,17 +88,43 @@ def _verl_version() -> str | None:
         return None
 
 
-def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, teacher_key: str = SDAR_TEACHER_KEY,
-                       student_key: str = "old_log_probs", step: int = 0, writer: Any = None,
-                       **allocator: Any) -> list[PaddedAllocation]:
-    """Allocate a verl-agent ``DataProto`` in place (``batch.batch[C_KEY]``), one allocation per mini-batch.
+@dataclass(frozen=True)
+class DataProtoAllocation:
+    """What :func:`allocate_dataproto` computed (``c`` is also stored in the batch)."""
 
-    Reads ``advantages``, ``response_mask``, ``student_key`` and ``teacher_key`` from
-    ``batch.batch`` and ``traj_uid`` / ``turn_step`` from ``batch.non_tensor_batch``.
+    #: ``[B, T]`` float32: ``c`` on valid tokens, 0 elsewhere (the tensor stored under :data:`C_KEY`).
+    c: Tensor
+    #: ``[B]`` global actor mini-batch index of every row (:func:`~.core.mini_batch_ids`).
+    mini_batch: np.ndarray
+    #: one allocation per mini-batch, in mini-batch order.
+    parts: tuple[PaddedAllocation, ...]
+    #: the dump shards written (empty without a writer).
+    shards: tuple[Path, ...]
+
+
+def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, step: int = 0,
+                       writer: Any = None, allocator: str = "icsd", trust: str = "laplace",
+                       trust_beta: float = SIGMOID_BETA, min_group: int = MIN_GROUP, eps: float = EPS, seed: int = 0,
+                       teacher_key: str = SDAR_TEACHER_KEY, student_key: str = "old_log_probs") -> DataProtoAllocation:
+    """Allocate a verl-agent ``DataProto`` per global actor mini-batch and store ``c`` in it.
+
+    **Mutates** ``batch``: sets ``batch.batch[C_KEY]`` (float32 ``[B, T]``, ``c`` on valid
+    tokens and 0 elsewhere) and nothing else.  Reads ``advantages`` (``[B, T]`` or ``[B]``),
+    ``response_mask``, ``student_key`` and ``teacher_key`` from ``batch.batch`` and
+    ``traj_uid`` / ``turn_step`` from ``batch.non_tensor_batch``.
+
     ``mini_batch_rows`` is the global mini-batch in rows (verl-agent: ``ppo_mini_batch_size
     * rollout.n``; ``None``: the whole batch is one mini-batch), ``dp_size`` the number of
-    data-parallel ranks the actor update runs on.  ``batch_id`` of mini-batch ``k`` of
-    ``step`` is ``step * 1000 + k`` (as our trainer).
+    data-parallel ranks the actor update runs on: any row count verl's ``split`` accepts
+    per rank, a short last mini-batch included (:func:`~.core.mini_batch_ids`).  The
+    allocator settings are :func:`~icsd_audit.alloc.variants.allocate`'s.  ``batch_id``
+    of mini-batch ``k`` of ``step`` is ``step * 1000 + k`` (as our trainer); with
+    ``writer`` each mini-batch becomes one dump shard.
+
+    Everything is checked before anything is allocated or written: a missing key, a mask
+    or log-prob of the wrong shape, a turn index that is not an integer, a ``traj_uid``
+    list of the wrong length, or a NaN/inf advantage or log-prob on a valid token is one
+    :class:`~.checks.BatchInputError` line naming the key, the row and its ``traj_uid``.
     """
     td, nt = batch.batch, batch.non_tensor_batch
     for k in ("traj_uid", "turn_step"):
@@ -104,40 +134,42 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
     for k in ("advantages", "response_mask", student_key, teacher_key):
         if k not in td.keys():
             raise KeyError(f"allocate_dataproto: batch has no {k!r}")
-    mask = td["response_mask"].bool()
+    mask = check_mask("response_mask", td["response_mask"])
     B = mask.shape[0]
-    traj = torch.as_tensor([stable_traj_id(u) for u in np.asarray(nt["traj_uid"]).tolist()], dtype=torch.long,
-                           device=mask.device)
-    turn = torch.as_tensor(np.asarray(nt["turn_step"]).astype(np.int64), device=mask.device)
-    adv = td["advantages"]
-    delta = (td[teacher_key] - td[student_key]).float()
-    size = B if mini_batch_rows is None else int(mini_batch_rows)
-    if size < 1:
+    uids = check_row_ids("traj_uid", nt["traj_uid"], B)
+    names = TrajNames("traj_uid", uids)
+    turn = torch.as_tensor(check_turn_ids("turn_step", nt["turn_step"], B, names=names), device=mask.device)
+    adv = check_values("advantages", td["advantages"], mask, names=names)
+    student = check_values(student_key, td[student_key], mask, names=names, allow_rows=False)
+    teacher = check_values(teacher_key, td[teacher_key], mask, names=names, allow_rows=False)
+    if mini_batch_rows is not None and int(mini_batch_rows) < 1:
         raise ValueError(f"mini_batch_rows must be >= 1, got {mini_batch_rows}")
-    if mini_batch_rows is None or dp_size == 1:  # consecutive chunks (the last may be short)
-        mb = np.arange(B) // size
-    else:
-        mb = mini_batch_ids(B, mini_batch_rows=size, dp_size=dp_size)
+    mb = (np.zeros(B, dtype=np.int64) if mini_batch_rows is None
+          else mini_batch_ids(B, mini_batch_rows=int(mini_batch_rows), dp_size=int(dp_size)))
+    traj = torch.as_tensor([stable_traj_id(u) for u in uids.tolist()], dtype=torch.long, device=mask.device)
+    delta = (teacher - student).float()
+    settings = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)
     c = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    out = []
+    parts, shards = [], []
     provenance = None
     if writer is not None:  # before any shard: settings allocate() would refuse fail here, not mid-batch
         from icsd_audit.dumps.provenance import deployed_block
 
-        provenance = deployed_block({k: v for k, v in allocator.items() if k != "dedupe"}, alloc_scope="mini-batch",
-                                    ratio_source="fixed-1")
+        provenance = deployed_block(settings, alloc_scope="mini-batch", ratio_source="fixed-1")
         if writer.metadata["producer"].get("world_size") is None:
             writer.metadata["producer"]["world_size"] = int(dp_size)
     for k in np.unique(mb):
         sl = torch.as_tensor(np.flatnonzero(mb == k), device=mask.device)
         bid = int(step) * 1000 + int(k)
         a = allocate_padded(advantage=adv[sl], ratio=1.0, delta=delta[sl], response_mask=mask[sl], traj_id=traj[sl],
-                            turn_id=turn[sl], batch_id=bid, **allocator)
+                            turn_id=turn[sl], batch_id=bid, traj_names=TrajNames("traj_uid", uids[sl.cpu().numpy()]),
+                            **settings)
         c[sl] = a.c.to(c.device, torch.float32)
-        out.append(a)
+        parts.append(a)
         if writer is not None:
-            write_dump(writer, a, allocation=provenance, batch_id=bid, traj_id=traj[sl], advantage=adv[sl], ratio=1.0, delta=delta[sl],
-                       response_mask=mask[sl], extra={"logp": td[student_key][sl], "teacher_logp": td[teacher_key][sl],
-                                                      "step": torch.full((sl.numel(),), int(step))})
+            shards.append(write_dump(writer, a, allocation=provenance, batch_id=bid, traj_id=traj[sl],
+                                     advantage=adv[sl], ratio=1.0, delta=delta[sl], response_mask=mask[sl],
+                                     extra={"logp": student[sl], "teacher_logp": teacher[sl],
+                                            "step": torch.full((sl.numel(),), int(step))}))
     td[C_KEY] = c
-    return out
+    return DataProtoAllocation(c=c, mini_batch=mb, parts=tuple(parts), shards=tuple(shards))

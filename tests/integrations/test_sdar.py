@@ -111,8 +111,10 @@ def test_allocate_dataproto_with_adjust_batch_copies(tmp_path, per_mini_batch):
     dp, n = _dataproto(0, dup=(0, 3, n_dup := 5))
     del n_dup
     size = (n + 3) // 2 if per_mini_batch else n + 3
-    allocs = allocate_dataproto(dp, mini_batch_rows=size if per_mini_batch else None, min_group=3, step=4,
-                                writer=dump_writer(tmp_path / "d", rank=3))
+    res = allocate_dataproto(dp, mini_batch_rows=size if per_mini_batch else None, min_group=3, step=4,
+                             writer=dump_writer(tmp_path / "d", rank=3))
+    allocs = res.parts
+    assert res.c is dp.batch[C_KEY] and len(res.shards) == len(allocs)
     c = dp.batch[C_KEY]
     chunks = [list(range(lo, min(lo + size, n + 3))) for lo in range(0, n + 3, size)]
     for rows in chunks:
@@ -170,3 +172,108 @@ def test_allocate_dataproto_maps_data_parallel_mini_batches():
                               traj_id=torch.as_tensor([stable_traj_id(nt["traj_uid"][i]) for i in rows]),
                               turn_id=torch.as_tensor(nt["turn_step"][rows].astype(np.int64)), min_group=2)
         assert torch.equal(td[C_KEY][r], ref.c.float())
+
+
+def _verl_partition(n: int, mini_batch_rows: int, dp_size: int) -> list[list[int]]:
+    """Rows (originals only) of each global mini-batch, as verl dispatches and splits, by a plain loop:
+    pad to a multiple of dp_size with copies of the first rows, give rank r the r-th contiguous chunk, cut each
+    chunk into pieces of mini_batch_rows // dp_size rows (DataProto.split: the last piece may be short), and
+    pool the ranks' k-th pieces."""
+    padded = list(range(n)) + list(range((-n) % dp_size))
+    per_rank = len(padded) // dp_size
+    m = mini_batch_rows // dp_size
+    pieces: dict[int, list[int]] = {}
+    for r in range(dp_size):
+        chunk = list(range(r * per_rank, (r + 1) * per_rank))  # positions in the padded batch
+        for k, lo in enumerate(range(0, per_rank, m)):
+            pieces.setdefault(k, []).extend(i for i in chunk[lo:lo + m] if i < n)  # copies carry their original's c
+    return [rows for _, rows in sorted(pieces.items()) if rows]
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 4])
+@pytest.mark.parametrize("n_rows,mini_batch_rows", [(24, 8), (24, 16), (40, 16), (26, 8), (30, 12)])
+def test_allocate_dataproto_any_row_count_per_rank(dp_size, n_rows, mini_batch_rows):
+    """dp 1, 2, 4 with row counts that do and do not divide into mini-batches (and ranks): each global mini-batch
+    gets exactly the coefficients of allocating its rows by hand (24 rows, mini-batch 16, 2 ranks: the issue's
+    case, 12 rows per rank cut into 8 + 4)."""
+    dp, n = _dataproto(7, n_traj=40)
+    assert n >= n_rows
+    dp = SimpleNamespace(batch={k: v[:n_rows] for k, v in dp.batch.items()},
+                         non_tensor_batch={k: v[:n_rows] for k, v in dp.non_tensor_batch.items()})
+    res = allocate_dataproto(dp, mini_batch_rows=mini_batch_rows, dp_size=dp_size, min_group=3)
+    parts = _verl_partition(n_rows, mini_batch_rows, dp_size)
+    assert len(res.parts) == len(parts)
+    for k, rows in enumerate(parts):
+        assert sorted(np.flatnonzero(res.mini_batch == k).tolist()) == sorted(rows)
+        keep = _first_occurrences(dp, rows)
+        ref = _flat_reference(dp, keep)
+        assert len(ref) == res.parts[k].diagnostics.n_tokens
+        for (b, t), v in ref.items():
+            assert float(dp.batch[C_KEY][b, t]) == np.float32(v)
+
+
+def _one_line_error(dp, match: str, **kw):
+    from icsd_audit.integrations.checks import BatchInputError
+
+    with pytest.raises(BatchInputError) as e:
+        allocate_dataproto(dp, min_group=3, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert match in msg, msg
+    return msg
+
+
+def test_allocate_dataproto_refuses_non_finite_values_naming_key_row_and_traj_uid(tmp_path):
+    for key, value in (("advantages", float("nan")), ("old_log_probs", float("inf")),
+                       ("teacher_log_probs", float("-inf")), ("teacher_log_probs", float("nan"))):
+        dp, _ = _dataproto(4)
+        row = 3
+        tok = int(dp.batch["response_mask"][row].sum()) - 1  # the row's last valid token
+        dp.batch[key] = dp.batch[key].clone()
+        dp.batch[key][row, tok] = value
+        out = tmp_path / key
+        msg = _one_line_error(dp, f"{key} is {value} at row {row} (traj_uid '{dp.non_tensor_batch['traj_uid'][row]}'), "
+                                  f"response token {tok}", writer=dump_writer(out))
+        assert C_KEY not in dp.batch and not list(out.iterdir())  # nothing stored, nothing written
+        assert str(stable_traj_id(dp.non_tensor_batch["traj_uid"][row])) not in msg
+
+
+def test_allocate_dataproto_ignores_non_finite_padding():
+    dp, _ = _dataproto(5)
+    m = dp.batch["response_mask"].bool()
+    for key in ("old_log_probs", "teacher_log_probs"):
+        dp.batch[key] = dp.batch[key].masked_fill(~m, float("-inf"))
+    ref, _ = _dataproto(5)
+    allocate_dataproto(dp, min_group=3)
+    allocate_dataproto(ref, min_group=3)
+    assert torch.equal(dp.batch[C_KEY], ref.batch[C_KEY])
+
+
+def test_allocate_dataproto_refuses_bad_shapes_and_ids():
+    dp, B = _dataproto(6)
+    dp.batch["response_mask"] = dp.batch["response_mask"][:, :-1]
+    _one_line_error(dp, "advantages has shape")
+    dp, B = _dataproto(6)
+    dp.batch["teacher_log_probs"] = dp.batch["teacher_log_probs"][:-1]
+    _one_line_error(dp, f"teacher_log_probs has shape ({B - 1}, 7); it must have the mask's shape ({B}, 7)")
+    dp, B = _dataproto(6)
+    dp.non_tensor_batch["traj_uid"] = dp.non_tensor_batch["traj_uid"][:-1]
+    _one_line_error(dp, f"traj_uid has shape ({B - 1},); it must hold one id per row ({B},)")
+    dp, B = _dataproto(6)
+    steps = dp.non_tensor_batch["turn_step"].astype(object)
+    steps[2] = "1"
+    dp.non_tensor_batch["turn_step"] = steps
+    _one_line_error(dp, f"turn_step must hold integer turn indices, got '1' at row 2 "
+                        f"(traj_uid '{dp.non_tensor_batch['traj_uid'][2]}')")
+    dp, B = _dataproto(6)
+    dp.non_tensor_batch["turn_step"] = dp.non_tensor_batch["turn_step"] + 0.5
+    _one_line_error(dp, "turn_step must hold integer turn indices, got 0.5 at row 0")
+
+
+def test_copies_with_different_masks_name_the_users_traj_uid():
+    dp, B = _dataproto(8, dup=(2,))
+    dp.batch["response_mask"] = dp.batch["response_mask"].clone()
+    dp.batch["response_mask"][B, 0] = 1 - dp.batch["response_mask"][B, 0]
+    with pytest.raises(ValueError) as e:
+        allocate_dataproto(dp, min_group=3)
+    assert f"share traj_uid '{dp.non_tensor_batch['traj_uid'][2]}' and turn" in str(e.value)
