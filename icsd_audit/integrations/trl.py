@@ -58,6 +58,7 @@ if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if 
     warnings.warn(f"TRL {trl.__version__} is outside the range ICSDGRPOTrainer was tested with (1.16.x); "
                   "pip install 'icsd-audit[trl]'", RuntimeWarning, stacklevel=2)
 
+from icsd_audit.integrations.checks import check_mask, check_values
 from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss,
                                           dump_writer, tcm, turn_ids_from_mask, write_dump)
 
@@ -179,6 +180,10 @@ class ICSDGRPOTrainer(GRPOTrainer):
         g_tea = acc.gather(acc.pad_across_processes(teacher, dim=1))
         B = g_mask.size(0)
         traj = torch.arange(B, device=g_mask.device) + _traj_base(self._icsd_batches)
+        # bad values stop here, naming the input and the generation batch's row, before anything is written
+        gm = check_mask("completion_mask", g_mask)
+        for name, x in (("advantages", g_adv), ("student log-probs", g_stu), ("teacher log-probs", g_tea)):
+            check_values(name, x, gm)
         delta = (g_tea - g_stu).float()
         turns = turn_ids_from_mask(g_mask.bool())
         alloc = allocate_padded(advantage=g_adv, ratio=1.0, delta=delta, response_mask=g_mask.bool(), traj_id=traj,
@@ -187,7 +192,6 @@ class ICSDGRPOTrainer(GRPOTrainer):
         out["icsd_c"] = alloc.c[lo:lo + B_local, :T_local].to(student.dtype)
         out["icsd_teacher_logps"] = teacher
         self.icsd_last = alloc
-        gm = g_mask.bool()
         mode = "train"
         self._metrics[mode]["icsd/tcm_icsd"].append(tcm(alloc.c, alloc.u, delta, gm, self.icsd.eps))
         self._metrics[mode]["icsd/tcm_sdar"].append(tcm(alloc.g, alloc.u, delta, gm, self.icsd.eps))

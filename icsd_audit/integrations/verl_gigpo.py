@@ -220,7 +220,7 @@ def register_estimator() -> Callable[..., tuple[Tensor, Tensor]]:
     """Register :func:`compute_gigpo_advantage` as verl's ``gigpo`` estimator (idempotent)."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
-    from icsd_audit.integrations.verl import VerlCompatError
+    from icsd_audit.integrations.verl_compat import VerlCompatError
 
     have = ADV_ESTIMATOR_REGISTRY.get("gigpo")
     if have is not None and have is not compute_gigpo_advantage:

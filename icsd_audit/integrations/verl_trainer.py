@@ -45,10 +45,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-# (not from .verl: that module registers this trainer when imported, so importing it here would be circular)
+from icsd_audit.integrations.checks import TrajNames, check_values
 from icsd_audit.integrations.core import (C_KEY, TEACHER_KEY, AllocationSettings, allocate_padded, dump_writer,
                                           mechanism_metrics, mechanism_sums, mini_batch_ids, tcm, tcm_sums,
                                           turn_ids_from_mask, write_dump)
+from icsd_audit.integrations.verl_loss import STEP_KEY, TURN_OFFSET_KEY, MicroBatchScope
 from icsd_audit.integrations.verl_gigpo import Sessions, register_estimator, turn_anchors
 
 __all__ = ["ICSDVerlConfig", "v1_mini_batch_ids", "trajectory_turns", "privileged_prompts", "logprob_rows",
@@ -76,10 +77,20 @@ class ICSDVerlConfig(AllocationSettings):
     gigpo_mode: str = "mean_norm"
     #: GiGPO's ``std + epsilon`` floor (used by ``mean_std_norm``).
     gigpo_epsilon: float = 1e-6
+    #: where ``c`` is allocated: ``mini-batch`` (the driver, once per global actor mini-batch, ratio 1) or
+    #: ``micro-batch`` (the worker loss, per gradient micro-batch, from its own forward; docs/engines.md).
+    alloc_scope: str = "mini-batch"
 
     def __post_init__(self) -> None:
         if self.gigpo_mode not in ("mean_norm", "mean_std_norm"):
             raise ValueError(f"icsd.gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
+        if self.alloc_scope not in ("mini-batch", "micro-batch"):
+            raise ValueError(f"icsd.alloc_scope={self.alloc_scope!r}: choose 'mini-batch' or 'micro-batch'")
+
+    def micro_scope(self) -> MicroBatchScope:
+        """The worker loss's allocation in ``micro-batch`` scope (dumps written by the workers)."""
+        return MicroBatchScope(allocator=self.allocator, trust=self.trust, min_group=self.min_group, eps=self.eps,
+                               seed=self.seed, dump_dir=self.dump_dir, producer="icsd.verl.icsd_sync")
 
     @staticmethod
     def from_config(node: Any) -> "ICSDVerlConfig":
@@ -94,7 +105,16 @@ class ICSDVerlConfig(AllocationSettings):
 
 
 def v1_mini_batch_ids(n_rows: int, *, mini_batch_size: int, dp_size: int) -> np.ndarray:
-    """Global actor mini-batch index of every row of a v1 step (``actor.shuffle=false``); see :func:`mini_batch_ids`."""
+    """Global actor mini-batch index of every row of a v1 step (``actor.shuffle=false``); see :func:`mini_batch_ids`.
+
+    verl's v1 workers (``train_mini_batch``) need the ranks' rows to divide into whole
+    mini-batches (the trainer pads a step with empty rows so that they do); a step that
+    does not is refused here as verl would refuse it, before anything is allocated.
+    """
+    per_rank, per_mini = -(-n_rows // max(dp_size, 1)), mini_batch_size // max(dp_size, 1)
+    if n_rows % max(dp_size, 1) or mini_batch_size % max(dp_size, 1) or (per_mini and per_rank % per_mini):
+        raise ValueError(f"verl's v1 actor update needs {n_rows} rows to split evenly over {dp_size} ranks into "
+                         f"mini-batches of {mini_batch_size} rows")
     return mini_batch_ids(n_rows, mini_batch_rows=mini_batch_size, dp_size=dp_size)
 
 
@@ -140,9 +160,17 @@ def logprob_rows(prompts: Sequence[Tensor], responses: Sequence[Tensor], respons
 
 def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_log_probs: Tensor,
                           response_mask: Tensor, traj_id: Tensor, turn_id: Tensor, mini_batch: np.ndarray,
-                          step: int, cfg: ICSDVerlConfig, writer: Any = None) -> tuple[Tensor, dict[str, float]]:
-    """``c`` (float32 ``[B, T]``) allocated per global mini-batch, plus TCM metrics; dumps when ``writer``."""
+                          step: int, cfg: ICSDVerlConfig, writer: Any = None,
+                          traj_names: TrajNames | None = None) -> tuple[Tensor, dict[str, float]]:
+    """``c`` (float32 ``[B, T]``) allocated per global mini-batch, plus TCM metrics; dumps when ``writer``.
+
+    Every input is checked first (shapes, finite values on valid tokens), so a bad value is
+    one line naming the key, the row and ``traj_names``' id before any shard is written.
+    """
     mask = response_mask.bool()
+    advantage = check_values("advantages", advantage, mask, names=traj_names)
+    old_log_probs = check_values("old_log_probs", old_log_probs, mask, names=traj_names, allow_rows=False)
+    teacher_log_probs = check_values(TEACHER_KEY, teacher_log_probs, mask, names=traj_names, allow_rows=False)
     delta = (teacher_log_probs - old_log_probs).float()
     c = torch.zeros(mask.shape, dtype=torch.float32)
     n_mini = 0
@@ -151,8 +179,10 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
     for k in np.unique(mini_batch):
         rows = torch.as_tensor(np.flatnonzero(mini_batch == k))
         bid = int(step) * 1000 + int(k)
+        names = None if traj_names is None else TrajNames(traj_names.key, [traj_names.values[i] for i in rows.tolist()])
         a = allocate_padded(advantage=advantage[rows], ratio=1.0, delta=delta[rows], response_mask=mask[rows],
-                            traj_id=traj_id[rows], turn_id=turn_id[rows], batch_id=bid, **cfg.allocator_kwargs())
+                            traj_id=traj_id[rows], turn_id=turn_id[rows], batch_id=bid, traj_names=names,
+                            **cfg.allocator_kwargs())
         c[rows] = a.c.float()
         for name, w in (("icsd", a.c), ("sdar", a.g)):
             num, den = tcm_sums(w, a.u, delta[rows], mask[rows], cfg.eps)
@@ -188,7 +218,7 @@ def register() -> type:
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-    from icsd_audit.integrations.verl import icsd_ppo_loss
+    from icsd_audit.integrations.verl_loss import icsd_ppo_loss
 
     register_estimator()
     if "icsd_sync" in TRAINER_REGISTRY:
@@ -204,13 +234,14 @@ def register() -> type:
             actor = self.config.actor_rollout_ref.actor
             if actor.get("shuffle", False):
                 raise ValueError("icsd_sync allocates per actor mini-batch and needs actor_rollout_ref.actor.shuffle=false")
+            micro = self.icsd.micro_scope() if self.icsd.alloc_scope == "micro-batch" else None
             self.actor_rollout_wg.set_loss_fn(partial(icsd_ppo_loss, config=omega_conf_to_dataclass(actor),
-                                                      distill_coef=self.icsd.distill_coef))
+                                                      distill_coef=self.icsd.distill_coef, micro=micro))
             from icsd_audit.train.skills import load_skillbank
 
             self._icsd_bank = load_skillbank(self.icsd.skillbank)
             self._icsd_writer = None
-            if self.icsd.dump_dir:
+            if self.icsd.dump_dir and self.icsd.alloc_scope == "mini-batch":  # micro-batch: the workers write
                 import verl
 
                 # the driver allocates and writes every rank's rows: writer rank 0, world size = the actor's dp size
@@ -283,22 +314,31 @@ def register() -> type:
             t_out = tq.kv_batch_get(keys=t_keys, partition_id=batch.partition_id, select_fields=["log_probs"])
             teacher_nested = response_from_nested(t_out["log_probs"], rmask_nested)
             tq.kv_clear(keys=t_keys, partition_id=batch.partition_id)
-            # 2. allocation per global actor mini-batch
+            # 2. allocation per global actor mini-batch (or, micro-batch scope, the turn offsets and step the
+            #    worker loss needs to allocate each micro-batch itself)
             padded = TensorDict({"advantages": data["advantages"], "old_log_probs": data["old_log_probs"],
                                  "response_mask": rmask_nested, "teacher": teacher_nested},
                                 batch_size=[len(batch.keys)]).to_padded_tensor()
             traj, turn = trajectory_turns(batch.keys, padded["response_mask"])
-            actor = self.config.actor_rollout_ref.actor
-            sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)  # ranks sharing one data shard
-            mb = v1_mini_batch_ids(len(batch.keys), mini_batch_size=actor.ppo_mini_batch_size *
-                                   self.config.actor_rollout_ref.rollout.n, dp_size=self.actor_rollout_wg.world_size // sp)
-            c, m = allocate_mini_batches(advantage=padded["advantages"], old_log_probs=padded["old_log_probs"],
-                                         teacher_log_probs=padded["teacher"], response_mask=padded["response_mask"],
-                                         traj_id=traj, turn_id=turn, mini_batch=mb, step=self.global_steps,
-                                         cfg=self.icsd, writer=self._icsd_writer)
-            metrics.update(m)
-            out = TensorDict({C_KEY: response_to_nested(c, rmask_nested), TEACHER_KEY: teacher_nested},
-                             batch_size=[len(batch.keys)])
+            fields = {TEACHER_KEY: teacher_nested}
+            if self.icsd.alloc_scope == "micro-batch":
+                n = len(batch.keys)
+                fields[TURN_OFFSET_KEY] = Sessions.from_keys(batch.keys).turn_offsets(padded["response_mask"].bool())
+                fields[STEP_KEY] = torch.full((n,), int(self.global_steps), dtype=torch.long)
+            else:
+                actor = self.config.actor_rollout_ref.actor
+                sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)  # ranks sharing one data shard
+                mb = v1_mini_batch_ids(len(batch.keys), mini_batch_size=actor.ppo_mini_batch_size *
+                                       self.config.actor_rollout_ref.rollout.n,
+                                       dp_size=self.actor_rollout_wg.world_size // sp)
+                c, m = allocate_mini_batches(advantage=padded["advantages"], old_log_probs=padded["old_log_probs"],
+                                             teacher_log_probs=padded["teacher"], response_mask=padded["response_mask"],
+                                             traj_id=traj, turn_id=turn, mini_batch=mb, step=self.global_steps,
+                                             cfg=self.icsd, writer=self._icsd_writer,
+                                             traj_names=TrajNames("key", list(batch.keys)))
+                metrics.update(m)
+                fields[C_KEY] = response_to_nested(c, rmask_nested)
+            out = TensorDict(fields, batch_size=[len(batch.keys)])
             return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
 
     return ICSDTrainerSync

@@ -288,3 +288,28 @@ def test_multi_turn_episodes_train_with_the_teacher_on_the_same_tokens_and_recom
     rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
     assert np.array_equal(rec, np.concatenate([pq.read_table(p).column("c").to_numpy() for p in shards]))
     assert any(np.isfinite(h.get("icsd/tcm_icsd") or np.nan) for h in tr.state.log_history)
+
+
+@pytest.mark.parametrize("field,name", [("advantages", "advantages"), ("old_per_token_logps", "student log-probs")])
+def test_a_nan_input_stops_the_allocation_before_any_dump(tmp_path, monkeypatch, field, name):
+    from icsd_audit.integrations.checks import BatchInputError
+
+    tr = _trainer(tmp_path, steps=1)
+    tr.model.train()
+    original = GRPOTrainer._generate_and_score_completions
+
+    def poisoned(self, inputs):
+        out = original(self, inputs)
+        if field == "old_per_token_logps":  # TRL skips it on-policy; give it one with a NaN
+            out[field] = torch.full(out["completion_ids"].shape, -1.0)
+            out[field][3, 0] = float("nan")
+        else:
+            out[field] = out[field].clone()
+            out[field][3] = float("nan")
+        out["completion_mask"][3, 0] = 1
+        return out
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", poisoned)
+    with pytest.raises(BatchInputError, match=rf"^{name} is nan at row 3, response token 0: values on valid tokens"):
+        tr._generate_and_score_completions([tr.train_dataset[i] for i in range(8)])
+    assert not list((tmp_path / "dumps").glob("*.parquet"))

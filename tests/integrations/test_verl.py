@@ -210,7 +210,8 @@ def test_any_integration_module_imports_first(first):
 
 
 def test_plugin_that_cannot_register_says_so_loudly():
-    code = ("import icsd_audit.integrations.verl as m; m.TESTED_VERL = ('99.0', '100.0')\n"
+    code = ("import icsd_audit.integrations.verl as m, icsd_audit.integrations.verl_compat as c\n"
+            "c.TESTED_VERL = ('99.0', '100.0')\n"
             "try:\n    m._plugin_check()\nexcept m.VerlCompatError:\n    print('raised')\n")
     r = _fresh(code)
     assert "raised" in r.stdout

@@ -383,3 +383,54 @@ def test_icsd_sync_gigpo_driver_step(tmp_path, monkeypatch, kl_in_reward):
         for j, i in enumerate(mb):
             assert torch.equal(store.rows[("train", keys[i])][iv.C_KEY], ref.c[j, :len(rows[i]["response"])].float())
     assert metrics["icsd/mini_batches"] == 3.0
+
+
+def test_icsd_sync_micro_batch_scope_hands_the_allocation_to_the_worker_loss(tmp_path, monkeypatch):
+    """+icsd.alloc_scope=micro-batch: the driver runs the teacher pass and stores the teacher log-probs, each row's
+    first turn index within its session and the step; it allocates nothing and writes no dump (the worker loss
+    allocates every micro-batch from its own forward and writes them)."""
+    from icsd_audit.integrations.verl_loss import STEP_KEY, TURN_OFFSET_KEY, MicroBatchScope
+
+    tr, store, model, tok = _trainer(tmp_path, monkeypatch, extra=["+icsd.alloc_scope=micro-batch",
+                                                                   "+icsd.trust=sigmoid"])
+    tr.on_init_end()
+    fn = tr.actor_rollout_wg.loss_fn
+    assert fn.func is iv.icsd_ppo_loss
+    assert fn.keywords["micro"] == MicroBatchScope(allocator="icsd", trust="sigmoid", min_group=2,
+                                                   dump_dir=str(tmp_path / "dumps"), producer="icsd.verl.icsd_sync")
+    g = torch.Generator().manual_seed(5)
+    keys = ["u0_s0_0", "u0_s0_1", "u0_s1_0", "u1_s0_0"]  # u0_s0 spans two rows
+    masks = [[1, 1, 0, 1], [1, 0, 1, 1, 1], [1, 1], [1, 1, 1]]  # u0_s0's first row holds two turns
+    fields = {"prompts": [], "responses": [], "response_mask": [], "advantages": [], "old_log_probs": []}
+    for k, m in zip(keys, masks):
+        fields["prompts"].append(torch.as_tensor(tok("buy a red mug", add_special_tokens=False).input_ids))
+        fields["responses"].append(torch.randint(3, 250, (len(m),), generator=g))
+        fields["response_mask"].append(torch.tensor(m))
+        fields["advantages"].append(torch.full((len(m),), 0.5))
+        fields["old_log_probs"].append(torch.randn(len(m), generator=g) - 3)
+    td = TensorDict({k: torch.nested.as_nested_tensor(v, layout=torch.jagged) for k, v in fields.items()},
+                    batch_size=[len(keys)])
+    batch = store.kv_batch_put(keys=keys, partition_id="train", fields=td)
+    metrics: dict = {}
+    tr._compute_advantage(batch, metrics)
+    rows = [store.rows[("train", k)] for k in keys]
+    assert [int(r[TURN_OFFSET_KEY]) for r in rows] == [0, 2, 0, 0]
+    assert [int(r[STEP_KEY]) for r in rows] == [7, 7, 7, 7]
+    assert all(iv.TEACHER_KEY in r and iv.C_KEY not in r for r in rows)
+    assert "icsd/tcm_icsd" not in metrics and not (tmp_path / "dumps").exists()
+
+
+def test_icsd_sync_refuses_a_nan_advantage_naming_the_verl_key(setup, tmp_path):
+    tr, store, model, tok = setup
+    tr.on_init_end()
+    keys = ["u0_s0_0", "u0_s1_0", "u1_s0_0", "u1_s1_0"]  # 2 ranks x one mini-batch of 2 rows
+    adv = [torch.tensor([0.1, 0.1, 0.1]), torch.tensor([0.2, float("nan"), 0.2])] + [torch.tensor([0.3] * 3)] * 2
+    fields = {"prompts": [torch.tensor([5, 6, 7])] * 4, "responses": [torch.tensor([8, 9, 10])] * 4,
+              "response_mask": [torch.tensor([1, 1, 1])] * 4, "advantages": adv,
+              "old_log_probs": [torch.tensor([-1.0, -2.0, -3.0])] * 4}
+    td = TensorDict({k: torch.nested.as_nested_tensor(v, layout=torch.jagged) for k, v in fields.items()},
+                    batch_size=[4])
+    batch = store.kv_batch_put(keys=keys, partition_id="train", fields=td)
+    with pytest.raises(ValueError, match=r"^advantages is nan at row 1 \(key 'u0_s1_0'\), response token 1"):
+        tr._compute_advantage(batch, {})
+    assert not list((tmp_path / "dumps").glob("*.parquet"))
