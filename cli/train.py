@@ -38,8 +38,11 @@ _FLAGS = {"total_steps": "--steps", "adv_estimator": "--adv", "distill_coef": "-
           "checkpoint_optimizer": "--weights-only", "eval_tasks": "--tasks", "eval_temperature": "--temperature"}
 
 
-def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) -> Any:
-    """The validated config; each problem names the option that set the field (``--seed: seed=-1 must ...``)."""
+def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *, env_here: bool = True) -> Any:
+    """The validated config; each problem names the option that set the field (``--seed: seed=-1 must ...``).
+
+    ``env_here=False``: the environment runs on another machine (``--engine verl --dry-run``).
+    """
     from icsd_audit.train.config import ConfigError, TrainConfig, parse_override, preset_for
 
     fields: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
@@ -49,7 +52,7 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str]) ->
         fields[key] = value
         given[key] = f"--set {item.strip()}"
     try:
-        return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields).validate()
+        return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields).validate(env_here=env_here)
     except ConfigError as exc:
         named = [next((f"{given[k]}: {p}" for k in given if p.startswith(f"{k}=")), p) for p in exc.problems]
         raise ConfigError(named) from None
@@ -190,8 +193,15 @@ def train_cmd(
         None, help="model (train it) or expert (the environment's expert plays the rollouts: advantages, metrics and "
                    "turns.jsonl, no gradient; a check of the environment's rules and the source of warm-start data)."),
     engine: str = typer.Option(
-        "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO only: --adv grpo; "
-        "icsd-audit[trl]) or verl (writes verl_command.sh and launches it; needs GPUs, icsd-audit[verl]). See docs/engines.md."),
+        "builtin", help="builtin (our multi-turn loop), trl (ICSDGRPOTrainer on whole episodes, GRPO advantages; "
+        "icsd-audit[trl]) or verl (writes the env's data files, the model and verl_command.sh, and launches it; "
+        "needs GPUs, icsd-audit[verl]). See docs/engines.md."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="--engine verl: write config.json, data/, model/, agent_loops.yaml and verl_command.sh "
+                                 "into the run folder and run nothing (any machine)."),
+    gpus: Optional[int] = typer.Option(
+        None, help="--engine verl: GPUs per node the command asks for (default: all torch sees; 1 for --dry-run "
+                   "on a machine without)."),
 ) -> None:
     """Train a policy with GRPO/GiGPO, a privileged self-teacher and an allocated distillation term.
 
@@ -208,6 +218,8 @@ def train_cmd(
     Expert rollouts (no gradient): icsd train --env searchqa --model tiny-random --policy expert --steps 1 --out runs/expert
 
     LoRA: icsd train --preset cpu-demo --lora 8 --set lr=1e-4 --out runs/lora (checkpoints hold the adapter only); a warm start: --init ADAPTER_DIR.
+
+    verl files only: icsd train --engine verl --env alfworld --dry-run --out runs/verl-alf
 
     ALFWorld: icsd train --env alfworld --preset cpu-demo --out runs/alf (generated games; --set alfworld_data=PATH or $ALFWORLD_DATA for the official ones).
     """
@@ -227,7 +239,7 @@ def train_cmd(
                                 weights_only=weights_only, report_to=report_to, policy=policy, lora=lora,
                                 lora_alpha=lora_alpha, lora_targets=lora_targets, init=init), resume=resume,
                    resume_from=resume_from, overwrite=overwrite,
-                   set_=set_, plain=plain, engine=engine)
+                   set_=set_, plain=plain, engine=engine, dry_run=dry_run, gpus=gpus)
     except Stopped as exc:
         line = exc.line(_resume_command()) if hasattr(exc, "line") else (
             f"stopped by {exc.signal_name} before the run started: nothing was written")
@@ -236,14 +248,17 @@ def train_cmd(
 
 
 def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optional[Path], overwrite: bool,
-           set_: List[str], plain: bool, engine: str) -> None:
+           set_: List[str], plain: bool, engine: str, dry_run: bool = False, gpus: Optional[int] = None) -> None:
     from icsd_audit.integrations.engines import ENGINES
 
     env, out, weights_only = o["env"], o["out"], o["weights_only"]
     if engine not in ENGINES:
         raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine != "verl":  # verl brings its own environment
-        _require_train_extra("train")
+    if (dry_run or gpus is not None) and engine != "verl":
+        raise ValueError(f"--dry-run and --gpus are options of --engine verl, not --engine {engine}")
+    if gpus is not None and gpus < 1:
+        raise ValueError(f"--gpus {gpus}: must be >= 1")
+    _require_train_extra("train")
     # a live bar only on a terminal; logs get whole lines, one per phase, and no progress bars
     log_lines = plain or not sys.stderr.isatty()
     if log_lines:
@@ -267,7 +282,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      report_to=o["report_to"], policy=o["policy"], lora_rank=o["lora"],
                                      lora_alpha=o["lora_alpha"], lora_targets=o["lora_targets"],
                                      init=None if init is None else str(init),
-                                     checkpoint_optimizer=False if weights_only else None), set_)
+                                     checkpoint_optimizer=False if weights_only else None), set_,
+                        env_here=not dry_run)
     cfg.validate_training()  # what only training needs (a server's goal count), before any data loads
     from icsd_audit.outputs import check_not_input
     from icsd_audit.runs.trackers import check_available, parse_report_to
@@ -280,8 +296,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         from icsd_audit.train.rundir import check_run_folder
 
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
-    if engine != "verl":  # verl brings its own environment (docs/engines.md)
-        _check_env_data(cfg)
+    _check_env_data(cfg)
     if cfg.policy != "model":
         if engine != "builtin":
             raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
@@ -304,7 +319,9 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         from icsd_audit.integrations import engines as eng
 
         if engine == "verl":
-            stderr_console().print(f"verl command: [bold]{eng.run_verl(cfg)}[/]", highlight=False)
+            path = eng.run_verl(cfg, dry_run=dry_run, n_gpus=gpus)
+            stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
+                                   f"in {path.parent})", highlight=False, soft_wrap=True)
         else:
             eng.run_trl(cfg)
         return

@@ -9,12 +9,15 @@
   conversation, observations masked out), turns judged and rewards shaped by the built-in
   loop's code.  TRL runs GRPO: the advantage is per episode, and ``adv_estimator='gigpo'``
   stops with one line (exit 2).  What differs from ``builtin`` is in docs/engines.md.
-* ``verl`` -- writes ``verl_command.sh`` (``python -m verl.trainer.main_ppo`` with the
-  ``icsd_sync`` trainer and the run's settings, the advantage estimator included: verl's
-  ``grpo`` or our ``gigpo`` with the run's gamma, step weight and mode; the run's
-  ``invalid_penalty`` has no verl counterpart, since verl rows carry no per-turn validity)
-  into the run folder and runs it; it needs NVIDIA GPUs and a rollout engine (vLLM or
-  SGLang), and stops with one line (exit 2) when they are missing.
+* ``verl`` -- writes the run folder verl reads (``config.json``, the environment's
+  ``data/train.parquet`` and ``data/test.parquet``, ``model/`` for the embedded or tiny
+  model, ``agent_loops.yaml`` registering the ``icsd_env`` agent loop that plays the
+  built-in environment, :mod:`.verl_env`) and ``verl_command.sh`` (``python -m
+  verl.trainer.main_ppo`` with the ``icsd_sync`` trainer and the run's settings, the
+  advantage estimator included: verl's ``grpo`` or our ``gigpo`` with the run's gamma,
+  step weight and mode), then runs it.  It needs NVIDIA GPUs and a rollout engine (vLLM or
+  SGLang) and stops with one line (exit 2) before writing anything when they are
+  missing; ``dry_run`` writes everything on any machine and runs nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENGINES", "EngineUnavailable", "verl_overrides", "write_verl_command", "run_verl", "run_trl"]
+from icsd_audit.integrations.verl_env import AGENT_LOOP_NAME as AGENT_LOOP
+
+__all__ = ["ENGINES", "AGENT_LOOP", "EngineUnavailable", "verl_overrides", "write_verl_command", "prepare_verl",
+           "run_verl", "run_trl"]
 
 ENGINES = ("builtin", "trl", "verl")
 
@@ -34,9 +40,20 @@ class EngineUnavailable(ValueError):
     """The engine cannot run here (missing package or hardware); the message says what it needs."""
 
 
-def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str = "data/webshop") -> list[str]:
-    """Hydra overrides of verl's ``ppo_trainer`` config for an ICSD run with ``cfg``'s settings."""
-    model = cfg.model if cfg.model not in ("embedded", "tiny-random") else "Qwen/Qwen2.5-1.5B-Instruct"
+def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str | None = None,
+                   model_path: str | None = None, agent_loop_config: str | None = None) -> list[str]:
+    """Hydra overrides of verl's ``ppo_trainer`` config for an ICSD run with ``cfg``'s settings.
+
+    ``data_dir`` holds ``train.parquet`` / ``test.parquet`` (default ``<out_dir>/data``),
+    ``model_path`` the policy (default: ``cfg.model``, or ``<out_dir>/model`` where
+    :func:`~.verl_env.export_model` puts ``embedded`` / ``tiny-random``) and
+    ``agent_loop_config`` verl's agent-loop file (default ``<out_dir>/agent_loops.yaml``).
+    """
+    out = Path(cfg.out_dir)
+    data = str(data_dir) if data_dir is not None else str(out / "data")
+    if model_path is None:
+        model_path = str(out / "model") if cfg.model in ("embedded", "tiny-random") else cfg.model
+    loops = str(agent_loop_config) if agent_loop_config is not None else str(out / "agent_loops.yaml")
     # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
     # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
     mini = max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
@@ -50,10 +67,11 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         icsd_adv = []
     return [
         *adv,
-        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
         f"data.train_batch_size={cfg.n_tasks}", f"data.max_prompt_length={cfg.max_prompt_tokens}",
-        f"data.max_response_length={cfg.max_response_tokens}",
-        f"actor_rollout_ref.model.path={model}",
+        # a row is a whole episode (replies + observations) in one context of at most max_prompt_tokens
+        f"data.max_response_length={cfg.max_prompt_tokens}",
+        f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
@@ -65,18 +83,25 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={cfg.group_size}",
         f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
+        f"actor_rollout_ref.rollout.val_kwargs.temperature={cfg.eval_temperature}",
+        f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if cfg.eval_temperature > 0 else 'false'}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        # the environment: each data row is one episode of icsd_env (verl_agent_loop.EnvAgentLoop), whose
+        # reward is the episode's shaped return minus the invalid-turn penalty (verl's reward manager is skipped)
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP}",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "trainer.use_v1=true", "trainer.v1.trainer_mode=icsd_sync",
         f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nnodes}",
-        f"trainer.total_training_steps={cfg.total_steps}", f"trainer.default_local_dir={cfg.out_dir}/checkpoints",
-        f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", f"trainer.project_name=icsd",
-        f"trainer.experiment_name={Path(cfg.out_dir).name}",
+        f"trainer.total_training_steps={cfg.total_steps}", f"trainer.default_local_dir={out}/checkpoints",
+        f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
+        f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
+        f"trainer.experiment_name={out.name}",
         f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
         f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
         f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
-        f"+icsd.dump_dir={cfg.out_dir}/dumps", *icsd_adv,
+        f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
 
 
@@ -87,21 +112,30 @@ def _report_to(cfg: Any) -> tuple[str, ...]:
     return parse_report_to(getattr(cfg, "report_to", None))
 
 
-def write_verl_command(cfg: Any, *, n_gpus: int = 1) -> Path:
-    """Write ``<out_dir>/verl_command.sh`` (atomically) and return its path."""
+def _gpu_guard(n_gpus: int) -> str:
+    """A first line for the command: without ``n_gpus`` CUDA devices it stops in one line, exit 2, before Ray."""
+    code = ("import sys, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; "
+            f"sys.exit(0) if n >= {n_gpus} else (print('error: this verl run needs {n_gpus} NVIDIA GPU(s) and torch "
+            "sees %d; see docs/engines.md' % n, file=sys.stderr), sys.exit(2))")
+    return f"python -c {shlex.quote(code)}"
+
+
+def write_verl_command(cfg: Any, *, n_gpus: int = 1, **paths: Any) -> Path:
+    """Write ``<out_dir>/verl_command.sh`` (atomically) and return its path (``paths``: :func:`verl_overrides`'s)."""
     import os
     import tempfile
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["#!/usr/bin/env bash", "# written by `icsd train --engine verl` (docs/engines.md)", "set -euo pipefail"]
+    lines = ["#!/usr/bin/env bash", "# written by `icsd train --engine verl` (docs/engines.md)", "set -euo pipefail",
+             _gpu_guard(n_gpus)]
     # --report-to: verl's trackers write into the run folder unless the environment says otherwise
     stores = {"tensorboard": ("TENSORBOARD_DIR", out.resolve() / "tensorboard"),
               "mlflow": ("MLFLOW_TRACKING_URI", f"sqlite:///{out.resolve() / 'mlflow.db'}"),
               "wandb": ("WANDB_MODE", "offline")}
     lines += [f'export {var}="${{{var}:-{val}}}"' for name, (var, val) in stores.items() if name in _report_to(cfg)]
     lines += ["python -m verl.trainer.main_ppo \\"]
-    ovr = verl_overrides(cfg, n_gpus=n_gpus)
+    ovr = verl_overrides(cfg, n_gpus=n_gpus, **paths)
     lines += [f"    {shlex.quote(o)} \\" for o in ovr[:-1]] + [f"    {shlex.quote(ovr[-1])}", ""]
     path = out / "verl_command.sh"
     fd, tmp = tempfile.mkstemp(prefix=".verl_command.", dir=out)
@@ -123,23 +157,51 @@ def _verl_requirements() -> tuple[int, str | None]:
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n == 0:
         return 0, ("needs NVIDIA GPUs (torch sees none) and a rollout engine (pip install vllm); "
-                   "on this machine use --engine builtin or --engine trl")
+                   "--dry-run writes the data files and the command without them")
     if importlib.util.find_spec("vllm") is None and importlib.util.find_spec("sglang") is None:
         return n, "needs a rollout engine for verl: pip install vllm (or sglang)"
     return n, None
 
 
-def run_verl(cfg: Any) -> Path:
-    """Check the machine, write the command, run it; returns the command file."""
+def prepare_verl(cfg: Any, *, n_gpus: int) -> Path:
+    """Write everything the verl run reads into the run folder and return the command file.
+
+    ``config.json`` (the run's settings, which the agent loop plays by), ``data/train.parquet``
+    and ``data/test.parquet`` (:func:`~.verl_env.write_verl_data`), ``model/`` for
+    ``embedded`` / ``tiny-random`` (:func:`~.verl_env.export_model`), ``agent_loops.yaml`` and
+    ``verl_command.sh``.
+    """
+    from icsd_audit.integrations.verl_env import export_model, write_agent_loop_config, write_verl_data
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = cfg.save(out / "config.json")
+    write_verl_data(cfg, out / "data")
+    model_path = export_model(cfg.model, out, seed=cfg.seed)
+    loops = write_agent_loop_config(config, out / "agent_loops.yaml")
+    return write_verl_command(cfg, n_gpus=n_gpus, data_dir=str((out / "data").resolve()), model_path=model_path,
+                              agent_loop_config=str(loops.resolve()))
+
+
+def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None) -> Path:
+    """Check the machine (unless ``dry_run``), write the run folder (:func:`prepare_verl`), run the command.
+
+    Without verl, GPUs or a rollout engine it stops with one line before writing anything or
+    starting Ray; ``dry_run`` writes everything on any machine and runs nothing.
+    """
+    if dry_run:
+        return prepare_verl(cfg, n_gpus=n_gpus or 1)
     n, missing = _verl_requirements()
     if missing:
         raise EngineUnavailable(f"icsd train --engine verl {missing}")
-    path = write_verl_command(cfg, n_gpus=n)
+    path = prepare_verl(cfg, n_gpus=n_gpus or n)
     from icsd_audit.runs.manifest import RunManifest
 
     manifest = RunManifest(cfg.out_dir, config=cfg.to_dict(), engine="verl", seed=cfg.seed,
                            total_steps=cfg.total_steps).start()
-    subprocess.run(["bash", str(path)], check=True)
+    rc = subprocess.run(["bash", str(path)]).returncode
+    if rc != 0:
+        raise EngineUnavailable(f"{path} exited with code {rc} (verl's output is above)")
     manifest.step(cfg.total_steps)  # verl returned success: every step ran (it logs them itself)
     manifest.finish()
     return path

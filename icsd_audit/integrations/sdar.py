@@ -14,7 +14,10 @@ the exact lines):
   stores ``c`` under :data:`C_KEY`; rows copied by ``adjust_batch`` count once (see
   :mod:`~icsd_audit.integrations.core`);
 * a dump hook: pass ``writer=dump_writer(out_dir, rank=...)`` to ``allocate_dataproto``
-  and each mini-batch becomes one schema-v1 shard.
+  and each mini-batch becomes one schema-v1 shard;
+* for a plain verl-agent fork (no SDAR): :func:`turn_steps` (SDAR's ``turn_step`` from the
+  order of a trajectory's rows) and :func:`teacher_pass` (SDAR's privileged self-teacher:
+  the SkillBank block in front of each prompt, scored by the actor).
 
 Exact vs approximated: ``c`` is computed before the update with ratio 1 (old policy =
 current policy), which is the paper's allocation for the first mini-batch of a step;
@@ -39,7 +42,7 @@ from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padd
 from icsd_audit.integrations.core import dump_writer as core_dump_writer
 
 __all__ = ["C_KEY", "SDAR_TEACHER_KEY", "DataProtoAllocation", "compute_icsd_loss", "allocate_dataproto", "dump_writer",
-           "stable_traj_id"]
+           "stable_traj_id", "turn_steps", "teacher_pass"]
 
 #: the key SDAR's verl-agent forks store the privileged teacher's log-probs under (their own name, read as is; verl
 #: v1 runs use :data:`~icsd_audit.integrations.core.TEACHER_KEY`)
@@ -173,3 +176,62 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
                                             "step": torch.full((sl.numel(),), int(step))}))
     td[C_KEY] = c
     return DataProtoAllocation(c=c, mini_batch=mb, parts=tuple(parts), shards=tuple(shards))
+
+
+# ------------------------------------------------------------------------------ plain verl-agent (no SDAR)
+
+
+def turn_steps(traj_uid: Any) -> np.ndarray:
+    """Each row's 0-based turn index: its rank among the earlier rows of the same ``traj_uid``.
+
+    verl-agent's rollout (``gather_rollout_data``) lists a trajectory's turns in step order;
+    call this on the gathered batch, before ``adjust_batch`` copies rows, and store the result
+    as ``non_tensor_batch["turn_step"]`` (SDAR forks already carry it).
+    """
+    uids = check_row_ids("traj_uid", traj_uid, len(traj_uid))
+    _, inv = np.unique(np.asarray([str(u) for u in uids.tolist()], dtype=object), return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    counts = np.bincount(inv)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    out = np.empty(len(inv), dtype=np.int64)
+    out[order] = np.arange(len(inv)) - np.repeat(starts, counts)
+    return out
+
+
+def teacher_pass(batch: Any, actor_rollout_wg: Any, tokenizer: Any, bank: Any, *, mode: str = "match",
+                 key: str = SDAR_TEACHER_KEY) -> Any:
+    """SDAR's privileged teacher pass for a plain verl-agent fork; stores ``batch.batch[key]`` (``[B, R]``).
+
+    Each row's prompt ids (``prompts``, left-padded, with ``attention_mask``) get the
+    SkillBank block of the skill retrieved from the decoded prompt in front (as SDAR and
+    ``icsd_sync`` build it), the response stays the same, and the actor scores the new rows
+    with ``actor_rollout_wg.compute_log_prob`` (the current weights: SDAR's live
+    self-teacher).  **Mutates** ``batch``: sets ``batch.batch[key]`` and nothing else.
+    Returns the scored ``DataProto``.  Needs verl (the fork's own copy).
+    """
+    from verl import DataProto
+    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+    from icsd_audit.integrations.verl_trainer import privileged_prompts
+
+    td = batch.batch
+    prompts, responses, att = td["prompts"], td["responses"], td["attention_mask"]
+    P = prompts.shape[1]
+    real = [p[m.bool()] for p, m in zip(prompts, att[:, :P])]
+    priv = privileged_prompts(real, tokenizer, bank, mode=mode)
+    width = max(x.numel() for x in priv)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    new_prompts = torch.full((len(priv), width), pad, dtype=prompts.dtype)
+    new_mask = torch.zeros((len(priv), width), dtype=att.dtype)
+    for i, x in enumerate(priv):  # left padding, as verl's rollout lays prompts out
+        new_prompts[i, width - x.numel():] = x
+        new_mask[i, width - x.numel():] = 1
+    mask = torch.cat([new_mask, att[:, P:]], dim=1)
+    rows = DataProto.from_dict(
+        tensors={"prompts": new_prompts, "responses": responses, "input_ids": torch.cat([new_prompts, responses], 1),
+                 "attention_mask": mask, "position_ids": torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0)},
+        meta_info=dict(batch.meta_info))
+    padded, pad_size = pad_dataproto_to_divisor(rows, actor_rollout_wg.world_size)
+    out = unpad_dataproto(actor_rollout_wg.compute_log_prob(padded), pad_size=pad_size)
+    td[key] = out.batch["old_log_probs"]
+    return out

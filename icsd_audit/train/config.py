@@ -358,8 +358,12 @@ class TrainConfig:
         return found
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> "TrainConfig":
-        """Raise :class:`ConfigError` listing every problem with its fix; return self when fine."""
+    def validate(self, *, env_here: bool = True) -> "TrainConfig":
+        """Raise :class:`ConfigError` listing every problem with its fix; return self when fine.
+
+        ``env_here=False`` skips the checks that the environment's engine is installed on this
+        machine (``icsd train --engine verl --dry-run`` writes files for another machine).
+        """
         from icsd_audit.alloc.variants import allocator_names, trust_names
 
         p = self._type_problems()
@@ -451,7 +455,7 @@ class TrainConfig:
         if self.env == "alfworld":
             from icsd_audit.envs.alfworld.engine import ENGINE_HINT, engine_available
 
-            need(engine_available(), ENGINE_HINT)
+            need(engine_available() or not env_here, ENGINE_HINT)
             need(not self.env_url, f"env_url={self.env_url!r}: ALFWorld runs in-process; unset env_url")
         if self.env == "webshop" and self.env_url:
             need(self.server_num_goals is None or self.server_num_goals > 500,

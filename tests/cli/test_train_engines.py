@@ -24,11 +24,15 @@ def test_unknown_engine_is_one_line_exit_2():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the stop on a machine without GPUs")
 def test_verl_without_gpus_stops_with_one_line(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
     r = _icsd("train", "--engine", "verl", "--preset", "cpu-demo", "--out", str(tmp_path / "run"))
-    assert r.returncode == 2
+    assert r.returncode == 2 and time.perf_counter() - t0 < 120  # seconds on an idle box; no Ray, no hang
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: icsd train --engine verl needs ")
     assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_verl_command_carries_the_run_settings(tmp_path):
@@ -46,10 +50,70 @@ def test_verl_command_carries_the_run_settings(tmp_path):
     grpo = verl_overrides(TrainConfig(out_dir=str(tmp_path / "r3"), adv_estimator="grpo", norm_adv_by_std=False))
     assert grpo[:2] == ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false"]
     assert not any("gamma" in o or "step_weight" in o or "gigpo" in o for o in grpo)
+    assert f"data.train_files={tmp_path}/run/data/train.parquet" in ovr
+    assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={tmp_path}/run/agent_loops.yaml" in ovr
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=icsd_env" in ovr
+    assert "+icsd.alloc_scope=mini-batch" in ovr
+    # the embedded model is exported into the run folder, never replaced by another model
+    emb = verl_overrides(TrainConfig(out_dir=str(tmp_path / "r4"), model="embedded"))
+    assert f"actor_rollout_ref.model.path={tmp_path}/r4/model" in emb
+    assert not any("Qwen" in o for o in emb)
     path = write_verl_command(cfg, n_gpus=4)
     text = path.read_text()
     assert text.startswith("#!/usr/bin/env bash") and "python -m verl.trainer.main_ppo \\" in text
     assert [p.name for p in path.parent.iterdir()] == ["verl_command.sh"]  # no temporary left behind
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the stop on a machine without GPUs")
+def test_dry_run_writes_the_envs_data_model_agent_loop_and_a_command_that_stops_without_gpus(tmp_path):
+    """The issue's case: --env alfworld --dry-run on a machine without GPUs (and without the ALFWorld engine)."""
+    import json
+    import time
+
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    r = _icsd("train", "--engine", "verl", "--env", "alfworld", "--dry-run", "--model", "tiny-random",
+              "--out", str(run), "--set", "eval_tasks=6")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["agent_loops.yaml", "config.json", "data", "model",
+                                                     "verl_command.sh"]
+    assert json.loads((run / "config.json").read_text())["env"] == "alfworld"
+    train, test = pq.read_table(run / "data" / "train.parquet"), pq.read_table(run / "data" / "test.parquet")
+    assert train.num_rows > 100 and test.num_rows == 6
+    assert set(train.column("data_source").to_pylist()) == {"icsd/alfworld"}
+    text = (run / "verl_command.sh").read_text()
+    assert f"actor_rollout_ref.model.path={(run / 'model').resolve()}" in text
+    assert (run / "model" / "config.json").exists()
+    assert f"data.train_files={(run / 'data').resolve()}/train.parquet" in text
+    assert f"run_config: \"{(run / 'config.json').resolve()}\"" in (run / "agent_loops.yaml").read_text()
+    t0 = time.perf_counter()  # the command itself stops before Ray on a machine without GPUs
+    c = subprocess.run(["bash", str(run / "verl_command.sh")], capture_output=True, text=True, timeout=120)
+    assert c.returncode == 2 and time.perf_counter() - t0 < 60
+    assert c.stderr.strip().splitlines() == ["error: this verl run needs 1 NVIDIA GPU(s) and torch sees 0; "
+                                             "see docs/engines.md"]
+
+
+def test_dry_run_names_a_local_model_folder_as_given(tmp_path):
+    from icsd_audit.train.models import tiny_random_causal_lm
+
+    folder = tmp_path / "my-model"
+    m, tok = tiny_random_causal_lm(seed=3)
+    m.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    run = tmp_path / "run"
+    r = _icsd("train", "--engine", "verl", "--env", "searchqa", "--dry-run", "--model", str(folder), "--gpus", "2",
+              "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    text = (run / "verl_command.sh").read_text()
+    assert f"actor_rollout_ref.model.path={folder.resolve()}" in text and "trainer.n_gpus_per_node=2" in text
+    assert not (run / "model").exists()
+
+
+def test_dry_run_is_a_verl_option():
+    r = _icsd("train", "--engine", "builtin", "--dry-run")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --dry-run and --gpus are options of --engine verl, not --engine builtin"]
 
 
 @pytest.mark.engines
@@ -66,9 +130,11 @@ def test_verl_overrides_are_valid_for_verls_config(tmp_path):
     for est, extra in (("gigpo", dict(gamma=0.9, step_weight=0.4, gigpo_mode="mean_std_norm")), ("grpo", {})):
         cfg = TrainConfig(out_dir=str(tmp_path / est), model="/models/qwen", adv_estimator=est, **extra)
         ovr = [o for o in verl_overrides(cfg) if not o.startswith("data.") or "batch_size" in o or "length" in o]
+        assert any("agent_loop_config_path" in o for o in ovr)
         with initialize_config_dir(config_dir=d, version_base=None):
             c = compose(config_name="ppo_trainer", overrides=ovr)
         assert c.trainer.v1.trainer_mode == "icsd_sync" and c.icsd.skillbank == "webshop"
+        assert c.actor_rollout_ref.rollout.agent.default_agent_loop == "icsd_env"
         assert c.algorithm.adv_estimator == est
         icsd = ICSDVerlConfig.from_config(c.icsd)  # every +icsd option is one the trainer knows
         if est == "gigpo":

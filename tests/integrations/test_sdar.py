@@ -277,3 +277,65 @@ def test_copies_with_different_masks_name_the_users_traj_uid():
     with pytest.raises(ValueError) as e:
         allocate_dataproto(dp, min_group=3)
     assert f"share traj_uid '{dp.non_tensor_batch['traj_uid'][2]}' and turn" in str(e.value)
+
+
+def test_turn_steps_count_a_trajectorys_earlier_rows():
+    from icsd_audit.integrations.sdar import turn_steps
+
+    uids = np.array(["a", "b", "a", "c", "b", "a", 7, 7], dtype=object)
+    assert turn_steps(uids).tolist() == [0, 0, 1, 0, 1, 2, 0, 1]
+
+
+@pytest.mark.engines
+def test_teacher_pass_scores_the_privileged_rows_with_the_actor(tmp_path):
+    """A plain verl-agent fork: the SkillBank block goes in front of each row's real prompt ids, the response stays,
+    and the actor's compute_log_prob scores the new rows; stored under teacher_log_probs, equal to scoring the
+    privileged sequence by hand."""
+    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
+    from verl import DataProto
+
+    from icsd_audit.integrations.sdar import teacher_pass
+    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.prompts import skill_block
+    from icsd_audit.train.skills import load_skillbank
+
+    model, tok = tiny_random_causal_lm(seed=2)
+    texts = ["buy a red mug", "find blue running shoes under 30 dollars", "open the drawer"]
+    resp = [[10, 11, 12], [13, 14], [15, 16, 17]]
+    P, R = 48, 3
+    prompts = torch.zeros(3, P, dtype=torch.long)
+    att = torch.zeros(3, P + R, dtype=torch.long)
+    responses = torch.zeros(3, R, dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids = torch.as_tensor(tok(t, add_special_tokens=False).input_ids)
+        prompts[i, P - ids.numel():] = ids
+        att[i, P - ids.numel():P] = 1
+        responses[i, : len(resp[i])] = torch.as_tensor(resp[i])
+        att[i, P:P + len(resp[i])] = 1
+    batch = DataProto.from_dict(tensors={"prompts": prompts, "responses": responses, "attention_mask": att},
+                                meta_info={"global_steps": 3})
+
+    class Workers:
+        world_size = 2
+
+        def compute_log_prob(self, data):
+            ids, mask = data.batch["input_ids"], data.batch["attention_mask"]
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=data.batch["position_ids"]).logits
+            lp = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+            return DataProto.from_dict(tensors={"old_log_probs": lp[:, -data.batch["responses"].shape[1]:]})
+
+    bank = load_skillbank("webshop")
+    teacher_pass(batch, Workers(), tok, bank)
+    got = batch.batch["teacher_log_probs"]
+    assert got.shape == (3, R)
+    for i, t in enumerate(texts):  # by hand: block + prompt + response, one unpadded sequence
+        z = bank.retrieve(t).text
+        seq = (list(tok(skill_block(z), add_special_tokens=False).input_ids) + list(tok(t, add_special_tokens=False).input_ids)
+               + resp[i])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+        n = len(resp[i])
+        want = lp[-n - 1:-1].gather(-1, torch.tensor(resp[i])[:, None])[:, 0]
+        assert torch.allclose(got[i, :n], want, atol=1e-5)
+    assert set(batch.batch.keys()) == {"prompts", "responses", "attention_mask", "teacher_log_probs"}
