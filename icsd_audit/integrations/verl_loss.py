@@ -173,14 +173,12 @@ class MicroBatchScope:
         if key not in _WRITERS:
             import verl
 
-            from icsd_audit.alloc.variants import INFLUENCE_ETA, TRUST_ETA
+            from icsd_audit.dumps.provenance import deployed_block
 
-            block = {**self.settings(), "trust_eta": TRUST_ETA, "influence_eta": INFLUENCE_ETA,
-                     "alloc_scope": "micro-batch", "ratio_source": "own-forward"}
-            _WRITERS[key] = dump_writer(self.dump_dir, rank=rank, allocator=block,
+            block = deployed_block(self.settings(), alloc_scope="micro-batch", ratio_source="own-forward")
+            _WRITERS[key] = dump_writer(self.dump_dir, rank=rank, world_size=world, allocation=block,
                                         producer={"name": self.producer, "engine": "verl",
-                                                  "engine_version": verl.__version__, "rank": rank,
-                                                  "world_size": world})
+                                                  "engine_version": verl.__version__})
         return _WRITERS[key]
 
     def allocate(self, *, log_prob: Tensor, teacher: Tensor, data: Any, teacher_key: str) -> MicroAllocation:

@@ -156,8 +156,16 @@ def test_micro_batch_scope_allocates_from_the_micro_batchs_own_forward(tmp_path)
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
     assert [p.name for p in shards] == ["part-000000-r00000.parquet"]
     t = pq.read_table(shards[0])
-    meta = t.schema.metadata
-    assert b"micro-batch" in meta[b"icsd.dump"] and b"own-forward" in meta[b"icsd.dump"]
+    import json
+
+    from icsd_audit.dumps.provenance import ALLOCATOR_KEYS, PRODUCER_KEYS
+
+    meta = json.loads(t.schema.metadata[b"icsd.dump"])
+    alloc, prod = meta["allocator"], meta["producer"]
+    assert set(ALLOCATOR_KEYS) <= set(alloc) and set(PRODUCER_KEYS) <= set(prod)  # SPEC 9: every key present
+    assert (alloc["allocator"], alloc["trust"], alloc["min_group"], alloc["alloc_scope"], alloc["ratio_source"]) == (
+        "icsd", "laplace", 3, "micro-batch", "own-forward")
+    assert (prod["engine"], prod["rank"], prod["world_size"]) == ("verl", 0, 1)
     assert t.num_rows == n
     compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=3))
     rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
