@@ -323,7 +323,16 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
             stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
                                    f"in {path.parent})", highlight=False, soft_wrap=True)
         else:
-            eng.run_trl(cfg)
+            if resume or resume_from is not None:
+                raise ValueError("--resume is not available on --engine trl (it has no resumable state); "
+                                 "start a new run with --out elsewhere or --overwrite")
+            if log_lines:
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()
+            adv_explicit = o["adv"] is not None or any(item.strip().startswith("adv_estimator=") for item in set_)
+            eng.run_trl(cfg, reporter=PrintReporter() if log_lines else _RichReporter(), adv_explicit=adv_explicit,
+                        overwrite=overwrite)
         return
     if log_lines:
         from transformers.utils import logging as hf_logging

@@ -207,14 +207,9 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None) -> P
     return path
 
 
-#: What ``icsd train --engine trl`` prints per step at the end (TRL's log keys).
-_TRL_SUMMARY = ("reward", "episodes/turns", "episodes/context_stops", "icsd/tcm_icsd", "icsd/tcm_sdar", "time/rollout",
-                "step_time")
-
-
-def _fmt(v: Any) -> str:
-    """A logged value; TRL logs None for a metric that was NaN in every batch (TCM with no qualifying token)."""
-    return "n/a" if v is None else f"{float(v):.4g}"
+#: the one line ``icsd train --engine trl`` prints when it replaces the preset's GiGPO
+TRL_GRPO_LINE = ("icsd train --engine trl: GRPO advantages (one per episode; TRL has no GiGPO) instead of the "
+                 "preset's adv_estimator={est!r}")
 
 
 def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
@@ -243,16 +238,40 @@ def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
     return model, tok, settings.peft_config()
 
 
-def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
-    """Train ``cfg`` with ``ICSDGRPOTrainer`` on whole episodes (:mod:`.trl_rollout`); returns the dumps folder."""
+def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv_explicit: bool = False,
+            overwrite: bool = False) -> Path:
+    """Train ``cfg`` with ``ICSDGRPOTrainer`` on whole episodes (:mod:`.trl_rollout`) into the run folder.
+
+    Checks in this order, before anything is written: TRL installed; the estimator (TRL runs
+    GRPO: a preset's ``gigpo`` becomes ``grpo`` with one line on stderr, an explicit
+    ``adv_explicit`` one stops with one line); the run folder (one run per folder,
+    ``overwrite`` moves an old run aside, as the built-in loop). Then, holding the folder:
+    ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``dumps/`` as the built-in loop
+    writes them, with its progress lines on ``reporter`` (:mod:`.trl_run`). Returns the run folder.
+    """
     import importlib.util
 
-    # checked first: a config TRL cannot run fails before anything loads, with or without TRL
-    if cfg.adv_estimator != "grpo":
-        raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
-                                f"adv_estimator={cfg.adv_estimator!r}: pass --adv grpo, or use --engine builtin or verl for GiGPO")
+    from icsd_audit.train.metrics import NullReporter
+    from icsd_audit.train.rundir import check_run_folder, open_run_folder
+
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
+    if cfg.adv_estimator != "grpo":
+        if adv_explicit:
+            raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
+                                    f"adv_estimator={cfg.adv_estimator!r}: pass --adv grpo, or use --engine builtin "
+                                    "or verl for GiGPO")
+        print(TRL_GRPO_LINE.format(est=cfg.adv_estimator), file=sys.stderr)
+        cfg = cfg.replace(adv_estimator="grpo")
+    reporter = reporter if reporter is not None else NullReporter()
+    check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
+    with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
+        cfg.save(Path(cfg.out_dir) / "config.json")
+        _train_trl(cfg, steps=max_steps or cfg.total_steps, reporter=reporter)
+    return Path(cfg.out_dir)
+
+
+def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
     import os
 
     import datasets
@@ -276,7 +295,6 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
     factory = _default_env_factory(cfg)
     probe = factory(cfg.train_split)
     builder = PromptBuilder.from_config(tok, cfg)
-    steps = max_steps or cfg.total_steps
     # step s plays the built-in loop's tasks of step s: the dataset lists them in order and TRL does not
     # shuffle it. The rollout finds a task from its first prompt; tasks sharing a first prompt (3 of
     # WebShop's 1900) are played as the first of them, and the dataset's task column says so.
@@ -306,7 +324,7 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
                       bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,
                       report_to=hf_report_to(_report_to(cfg), out),  # TRL's own trackers log its keys
                       logging_steps=1, save_strategy="no", dataloader_num_workers=0,
-                      disable_tqdm=not sys.stderr.isatty())  # a log gets TRL's per-step records, not bar redraws
+                      disable_tqdm=True)  # the run's reporter prints the progress (trl_run)
     policy: Any = model
     if cfg.kl_coef > 0 and not cfg.lora_enabled:  # TRL builds its reference from a path: hand it a copy of the policy
         policy = str(out / "trl" / "initial_policy")
@@ -324,9 +342,16 @@ def run_trl(cfg: Any, *, max_steps: int | None = None) -> Path:
                                                                       "adv_estimator": "grpo", "seed": cfg.seed})
     else:  # allocator 'none': plain GRPO, no teacher and no dumps, as on the built-in loop
         trainer = GRPOTrainer(**common)
+    from transformers import PrinterCallback, ProgressCallback
+
+    from icsd_audit.integrations.trl_run import run_folder_callback
+
+    for cb in (PrinterCallback, ProgressCallback):  # TRL's raw dicts and bars: the reporter prints instead
+        trainer.remove_callback(cb)
+    folder = run_folder_callback(cfg, reporter=reporter, steps=steps,
+                                 distill_coef=cfg.effective_distill_coef if cfg.distill_enabled else 0.0)
+    trainer.add_callback(folder)
     trainer.train()
-    for rec in trainer.state.log_history:
-        if "episodes/turns" in rec:
-            print(f"step {rec['step'] - 1}: " + ", ".join(f"{k} {_fmt(rec.get(k))}" for k in _TRL_SUMMARY), file=sys.stderr)
-    print(f"done: trl run in {out}" + (f"; dumps {out / 'dumps'}" if cfg.distill_enabled else ""), file=sys.stderr)
-    return out / "dumps"
+    reporter.message(f"done: steps 0..{steps - 1}; metrics {out / 'metrics.jsonl'}"
+                     + (f"; dumps {out / 'dumps'}" if cfg.distill_enabled else "")
+                     + (f"; checkpoint {folder.checkpoint}" if folder.checkpoint else ""))

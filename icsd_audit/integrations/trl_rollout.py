@@ -139,6 +139,7 @@ class EpisodeBatch:
             "episode_invalid_turns": [t.n_invalid for t in trajs],
             "episode_context_stop": [float(s) for s in self.context_stops],
             "episode_prompt_cut": [float(c) for c in self.prompt_truncated],
+            "episode_return": [t.ret for t in trajs], "episode_score": [t.score for t in trajs],
         }
         if self.teacher_prompt_ids is not None:
             out["teacher_prompt_ids"] = self.teacher_prompt_ids
@@ -148,11 +149,13 @@ class EpisodeBatch:
 def episode_reward(completions: list, episode_reward: list[float], episode_turns: list[int] | None = None,
                    episode_won: list[float] | None = None, episode_invalid_turns: list[int] | None = None,
                    episode_context_stop: list[float] | None = None, episode_prompt_cut: list[float] | None = None,
+                   episode_return: list[float] | None = None, episode_score: list[float] | None = None,
                    log_metric: Callable[[str, float], None] | None = None, **_: Any) -> list[float]:
     """TRL reward function: the score :class:`EpisodeRollout` computed, forwarded as an extra field.
 
     With TRL's ``log_metric`` it also logs the episodes' mean turns, win rate, invalid-turn
-    share, context-stop share and share of first prompts cut from the left (``episodes/*``).
+    share, context-stop share, share of first prompts cut from the left, shaped return and
+    WebShop score (``episodes/*``).
     """
     if log_metric is not None and episode_turns is not None:
         n = max(len(episode_turns), 1)
@@ -166,6 +169,10 @@ def episode_reward(completions: list, episode_reward: list[float], episode_turns
             log_metric("episodes/context_stops", sum(episode_context_stop) / n)
         if episode_prompt_cut is not None:
             log_metric("episodes/prompt_cut", sum(episode_prompt_cut) / n)
+        if episode_return is not None:
+            log_metric("episodes/return", sum(episode_return) / n)
+        if episode_score is not None:
+            log_metric("episodes/score", sum(episode_score) / n)
     return [float(r) for r in episode_reward]
 
 
