@@ -319,7 +319,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         from icsd_audit.integrations import engines as eng
 
         if engine == "verl":
-            path = eng.run_verl(cfg, dry_run=dry_run, n_gpus=gpus)
+            path = eng.run_verl(cfg, dry_run=dry_run, n_gpus=gpus, overwrite=overwrite)
             stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
                                    f"in {path.parent})", highlight=False, soft_wrap=True)
         else:

@@ -183,27 +183,35 @@ def prepare_verl(cfg: Any, *, n_gpus: int) -> Path:
                               agent_loop_config=str(loops.resolve()))
 
 
-def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None) -> Path:
-    """Check the machine (unless ``dry_run``), write the run folder (:func:`prepare_verl`), run the command.
+def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, overwrite: bool = False) -> Path:
+    """Check the machine (unless ``dry_run``) and the run folder, write it (:func:`prepare_verl`), run the command.
 
     Without verl, GPUs or a rollout engine it stops with one line before writing anything or
-    starting Ray; ``dry_run`` writes everything on any machine and runs nothing.
+    starting Ray; ``dry_run`` writes everything on any machine and runs nothing.  The run
+    folder follows the built-in loop's rule: one run per folder, ``overwrite`` moves an
+    earlier one aside.
     """
-    if dry_run:
-        return prepare_verl(cfg, n_gpus=n_gpus or 1)
-    n, missing = _verl_requirements()
-    if missing:
-        raise EngineUnavailable(f"icsd train --engine verl {missing}")
-    path = prepare_verl(cfg, n_gpus=n_gpus or n)
-    from icsd_audit.runs.manifest import RunManifest
+    from icsd_audit.train.rundir import check_run_folder, open_run_folder
 
-    manifest = RunManifest(cfg.out_dir, config=cfg.to_dict(), engine="verl", seed=cfg.seed,
-                           total_steps=cfg.total_steps).start()
-    rc = subprocess.run(["bash", str(path)]).returncode
-    if rc != 0:
-        raise EngineUnavailable(f"{path} exited with code {rc} (verl's output is above)")
-    manifest.step(cfg.total_steps)  # verl returned success: every step ran (it logs them itself)
-    manifest.finish()
+    n = 0
+    if not dry_run:
+        n, missing = _verl_requirements()
+        if missing:
+            raise EngineUnavailable(f"icsd train --engine verl {missing}")
+    check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
+    with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
+        path = prepare_verl(cfg, n_gpus=n_gpus or max(n, 1))
+        if dry_run:
+            return path
+        from icsd_audit.runs.manifest import RunManifest
+
+        manifest = RunManifest(cfg.out_dir, config=cfg.to_dict(), engine="verl", seed=cfg.seed,
+                               total_steps=cfg.total_steps).start()
+        rc = subprocess.run(["bash", str(path)]).returncode
+        if rc != 0:
+            raise EngineUnavailable(f"{path} exited with code {rc} (verl's output is above)")
+        manifest.step(cfg.total_steps)  # verl returned success: every step ran (it logs them itself)
+        manifest.finish()
     return path
 
 

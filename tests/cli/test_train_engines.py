@@ -108,6 +108,8 @@ def test_dry_run_names_a_local_model_folder_as_given(tmp_path):
     text = (run / "verl_command.sh").read_text()
     assert f"actor_rollout_ref.model.path={folder.resolve()}" in text and "trainer.n_gpus_per_node=2" in text
     assert not (run / "model").exists()
+    again = _icsd("train", "--engine", "verl", "--env", "searchqa", "--dry-run", "--model", str(folder), "--out", str(run))
+    assert again.returncode == 2 and "holds another run" in again.stderr  # one run per folder, as the built-in loop
 
 
 def test_dry_run_is_a_verl_option():
@@ -190,7 +192,7 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
     assert not any(line.startswith("{") for line in lines)  # no raw TRL dicts
     # the built-in loop's run folder, key names and per-step lines
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == [
-        "checkpoints", "config.json", "dumps", "metrics.jsonl", "trl"]
+        "checkpoints", "config.json", "dumps", "metrics.jsonl", "run.json", "trl"]
     assert TrainConfig.from_dict(json.loads((run / "config.json").read_text())).adv_estimator == "grpo"
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs] == [0, 1]
