@@ -42,8 +42,9 @@ def actor_config(micro: int, rows: int):
     d = os.path.join(os.path.dirname(verl.__file__), "trainer/config")
     with initialize_config_dir(config_dir=d, version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-            "actor_rollout_ref.rollout.n=1", f"data.train_batch_size={rows}", "actor_rollout_ref.actor.use_kl_loss=false"])
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", "actor_rollout_ref.rollout.n=1",
+            f"data.train_batch_size={rows}", "actor_rollout_ref.actor.use_kl_loss=false"])
     return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
 

@@ -202,7 +202,8 @@ def allocate_padded(
     turns = turn_ids_from_mask(mask, turn_offset) if turn_id is None else _row_turns(turn_id, mask)
     traj_t = torch.as_tensor(traj_id, device=dev)
     if traj_t.shape != (B,) or traj_t.is_floating_point() or traj_t.dtype == torch.bool:
-        raise ValueError(f"traj_id must be {B} integers (one per row), got {traj_t.dtype} of shape {tuple(traj_t.shape)}")
+        raise ValueError(f"traj_id must be {B} integers (one per row), got {traj_t.dtype} of shape "
+                         f"{tuple(traj_t.shape)}")
     traj = traj_t.long()
     vals = {name: check_values(name, x, mask, names=traj_names, allow_scalar=True)
             for name, x in (("advantage", advantage), ("ratio", ratio), ("delta", delta))}
