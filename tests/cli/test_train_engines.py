@@ -76,8 +76,8 @@ def test_dry_run_writes_the_envs_data_model_agent_loop_and_a_command_that_stops_
     r = _icsd("train", "--engine", "verl", "--env", "alfworld", "--dry-run", "--model", "tiny-random",
               "--out", str(run), "--set", "eval_tasks=6")
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in run.iterdir()) == ["agent_loops.yaml", "config.json", "data", "model",
-                                                     "verl_command.sh"]
+    assert sorted(p.name for p in run.iterdir() if p.name != ".icsd-run.lock") == [
+        "agent_loops.yaml", "config.json", "data", "model", "verl_command.sh"]
     assert json.loads((run / "config.json").read_text())["env"] == "alfworld"
     train, test = pq.read_table(run / "data" / "train.parquet"), pq.read_table(run / "data" / "test.parquet")
     assert train.num_rows > 100 and test.num_rows == 6

@@ -140,8 +140,10 @@ def test_episodes_are_the_conversation_the_chat_template_renders():
     logged: dict[str, float] = {}
     assert episode_reward([], **{k: v for k, v in trl.items() if k.startswith("episode_")},
                           log_metric=logged.__setitem__) == pytest.approx([1 / 3, -0.1 / 3])
-    assert logged == {"episodes/turns": 3.0, "episodes/won": 0.0, "episodes/invalid_turn_share": 1 / 6,
-                      "episodes/context_stops": 0.0, "episodes/prompt_cut": 0.0}
+    # episode 0's purchase scored 1/3 (reward="score": its return too), episode 1 bought nothing
+    assert logged == pytest.approx({"episodes/turns": 3.0, "episodes/won": 0.0, "episodes/invalid_turn_share": 1 / 6,
+                                    "episodes/context_stops": 0.0, "episodes/prompt_cut": 0.0,
+                                    "episodes/return": 1 / 6, "episodes/score": 1 / 6})
 
 
 def test_an_observation_that_would_pass_max_prompt_tokens_stops_the_episode():
