@@ -193,6 +193,10 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, over
     """
     from icsd_audit.train.rundir import check_run_folder, open_run_folder
 
+    if cfg.lora_enabled or cfg.init:  # the command would silently train the full model from --model
+        raise EngineUnavailable("icsd train --engine verl does not pass --lora / --init to verl; set verl's "
+                                "actor_rollout_ref.model.lora_rank in the written command yourself, or use "
+                                "--engine builtin or trl")
     n = 0
     if not dry_run:
         n, missing = _verl_requirements()
