@@ -284,7 +284,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      init=None if init is None else str(init),
                                      checkpoint_optimizer=False if weights_only else None), set_,
                         env_here=not dry_run)
-    cfg.validate_training()  # what only training needs (a server's goal count), before any data loads
+    cfg.validate_training(env_here=not dry_run)  # what only training needs (a server's goal count), before any data loads
     from icsd_audit.outputs import check_not_input
     from icsd_audit.runs.trackers import check_available, parse_report_to
 

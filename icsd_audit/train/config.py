@@ -496,9 +496,9 @@ class TrainConfig:
                 p.append(f"{f.name}={v!r} must be {' or '.join(parts)}, not {type(v).__name__}")
         return p
 
-    def validate_training(self) -> "TrainConfig":
+    def validate_training(self, *, env_here: bool = True) -> "TrainConfig":
         """:meth:`validate`, plus what only training (rollouts on the train split) needs; before any model loads."""
-        self.validate()
+        self.validate(env_here=env_here)
         if self.env == "webshop" and self.env_url and self.train_split == "train" and self.server_num_goals is None:
             raise ConfigError([
                 "env_url is set but server_num_goals is not: training on a WebShop server's train split (goals 500..N-1, "
