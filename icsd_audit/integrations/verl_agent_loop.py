@@ -57,9 +57,7 @@ class EnvAgentLoop(AgentLoopBase):
         from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, TurnReferee
 
         self.cfg = cfg = _run_config(str(run_config))
-        self.builder = PromptBuilder(self.tokenizer, env=cfg.env, history_window=cfg.history_window,
-                                     max_prompt_tokens=cfg.max_prompt_tokens, system_prompt=cfg.system_prompt,
-                                     one_shot=cfg.one_shot, skill_placement=cfg.skill_placement)
+        self.builder = PromptBuilder.from_config(self.tokenizer, cfg)  # the TRL engine's builder (engines.run_trl)
         self.referee = TurnReferee(RolloutSettings(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                                                    temperature=cfg.temperature, batch_rows=1,
                                                    require_think=cfg.require_think, reward=cfg.reward,
@@ -93,12 +91,12 @@ class EnvAgentLoop(AgentLoopBase):
             self._release(split, env)
 
     async def _play(self, env: Any, task: int, sampling_params: dict[str, Any]) -> AgentLoopOutput:
-        from icsd_audit.train.prompts import student_messages
+        from icsd_audit.train.prompts import observation_content
         from icsd_audit.train.rollout import Trajectory, turn_context
 
         t0 = time.perf_counter()
         obs = env.reset(task)
-        prompt_ids, _ = self.builder.student(turn_context(obs, self.cfg.env))
+        prompt_ids, _ = self.builder.student(turn_context(obs, self.builder.env))
         traj = Trajectory(traj=0, slot=0, task=task, rollout=0)
         resp: list[int] = []
         mask: list[int] = []
@@ -121,8 +119,8 @@ class EnvAgentLoop(AgentLoopBase):
             if step.done:
                 t_env += time.perf_counter() - t1
                 break
-            user = student_messages(turn_context(obs, self.cfg.env), history_window=self.builder.history_window)[-1]
-            nxt = list(self.tokenizer(self.seams.after_reply(reply, self.stop_ids, user["content"]),
+            user = observation_content(turn_context(obs, self.builder.env), self.builder.history_window)
+            nxt = list(self.tokenizer(self.seams.after_reply(reply, self.stop_ids, user),
                                       add_special_tokens=False).input_ids)
             t_env += time.perf_counter() - t1
             if (len(prompt_ids) + len(resp) + len(nxt) > self.cfg.max_prompt_tokens

@@ -118,8 +118,7 @@ def test_agent_loop_plays_the_trl_engines_episode(tmp_path):
         return r, [torch.full((len(x),), -0.5) for x in r]
 
     scripted.seen = []
-    builder = PromptBuilder(tok, env="searchqa", history_window=cfg.history_window, max_prompt_tokens=3000,
-                            system_prompt=cfg.system_prompt, one_shot=False, skill_placement=cfg.skill_placement)
+    builder = PromptBuilder.from_config(tok, cfg)  # as engines.run_trl builds it
     settings = RolloutSettings(max_turns=3, max_response_tokens=16, temperature=1.0, batch_rows=1,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
                                invalid_rule=cfg.invalid_rule)
