@@ -166,6 +166,9 @@ def test_micro_batch_scope_allocates_from_the_micro_batchs_own_forward(tmp_path)
     assert (alloc["allocator"], alloc["trust"], alloc["min_group"], alloc["alloc_scope"], alloc["ratio_source"]) == (
         "icsd", "laplace", 3, "micro-batch", "own-forward")
     assert (prod["engine"], prod["rank"], prod["world_size"]) == ("verl", 0, 1)
+    from icsd_audit.dumps.verify import verify_dumps
+
+    assert verify_dumps(shards).ok  # `icsd audit verify`: the shard's own provenance reproduces its g, m, c
     assert t.num_rows == n
     compute_coefficients(shards, tmp_path / "c.parquet", AllocatorOptions(min_group=3))
     rec = pq.read_table(tmp_path / "c.parquet").column("c").to_numpy().astype(np.float32)
