@@ -32,7 +32,7 @@ def figures(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (one file per figure and format)."),
     fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
-    dpi: int = typer.Option(300, help="Resolution of PNG output."),
+    dpi: int = typer.Option(300, help="Resolution of PNG output, in dots per inch."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
     trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
     influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,

@@ -15,7 +15,7 @@ from typing import Any, Iterator, List, Optional
 import typer
 
 from . import options as O
-from .common import audit_settings, handle_errors, set_threads, stderr_console, thread_count
+from .common import audit_settings, handle_errors, set_threads, stderr_console, thread_count, without_options
 from .apps import audit_app
 
 #: --by value that audits each group of files deployed with the same settings on its own
@@ -150,6 +150,8 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request))
 
     command.__doc__ = f"{doc}\n\nExample: {example}"
+    if statistic != "clip":  # --clip-eps and --dual-clip change clip's numbers only
+        command = without_options(command, clip_eps=O.CLIP_EPS.default, dual_clip=O.DUAL_CLIP.default)
     audit_app.command(statistic)(command)
 
 

@@ -112,3 +112,26 @@ def set_threads() -> None:
 
     thread_count()
     torch.set_num_threads(1)
+
+
+def without_options(command: F, **fixed: Any) -> F:
+    """``command`` with the parameters named in ``fixed`` off its command line and help, called with those values.
+
+    Several commands share one body (``icsd audit tcm | quadrants | shift | clip``); an
+    option that only one of them reads (``--clip-eps``) must not appear in the others'
+    help pages, where it would do nothing.
+    """
+    import inspect
+
+    sig = inspect.signature(command)
+    unknown = set(fixed) - set(sig.parameters)
+    if unknown:
+        raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(unknown))}")
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, **kwargs, **fixed)
+
+    wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p for name, p in sig.parameters.items() if name not in fixed])
+    return wrapper  # type: ignore[return-value]

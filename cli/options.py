@@ -61,11 +61,16 @@ EPS = typer.Option(None, show_default=False, help="Allocator scale floor, turn-m
                    "for |u|. " + _DEPLOYED.format("1e-4"), callback=POSITIVE_FINITE)
 SEED = typer.Option(None, show_default=False, help="Seed of the bootstrap and the permutation controls (default: 0) "
                     "and of the permuted allocator " + _DEPLOYED.format("0") + ".", callback=SEED_RANGE)
-RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples.", callback=AT_LEAST_1)
-CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level of the percentile intervals.", callback=OPEN_UNIT)
-CLIP_EPS = typer.Option(0.2, help="Clip epsilon of the PPO surrogate.", callback=OPEN_UNIT)
-DUAL_CLIP = typer.Option(3.0, help="Dual-clip constant of the PPO surrogate.", callback=ABOVE_1)
-PERMUTATIONS = typer.Option(20, "--permutations", help="Shuffles of the ICSD scores in the permutation control.",
-                            callback=NON_NEGATIVE)
-GRID = typer.Option(20, help="Landscape grid size (bins per rank axis, at most 1000).", callback=AT_LEAST_1)
+RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples (count; the interval's Monte Carlo error "
+                         "shrinks as 1/sqrt of it).", callback=AT_LEAST_1)
+CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level of the percentile intervals, a fraction "
+                          "(0.95: 95 % intervals).", callback=OPEN_UNIT)
+CLIP_EPS = typer.Option(0.2, help="Clip epsilon of the PPO surrogate, in ratio units: a token is outside the clip "
+                        "range when its ratio is outside [1 - eps, 1 + eps].", callback=OPEN_UNIT)
+DUAL_CLIP = typer.Option(3.0, help="Dual-clip constant of the PPO surrogate, a ratio: the cap binds on tokens with a "
+                         "negative advantage and a ratio above it.", callback=ABOVE_1)
+PERMUTATIONS = typer.Option(20, "--permutations", help="Shuffles of the ICSD scores in the permutation control "
+                            "(count; the control is their mean).", callback=NON_NEGATIVE)
+GRID = typer.Option(20, help="Landscape grid size, in bins per rank axis (20: a 20 x 20 grid of rank cells; at most "
+                    "1000).", callback=AT_LEAST_1)
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
