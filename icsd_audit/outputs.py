@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["OutputError", "check_output_file", "check_output_dir", "publish_directory", "temp_dir", "remove_stale",
            "terminate_cleanly", "staging_dir", "temp_prefix", "write_text_atomic", "check_not_input", "GracefulStop",
-           "Stopped", "write_failed", "reserve"]
+           "Stopped", "write_failed", "reserve", "current_umask", "umask_mode", "umask_tree"]
 
 
 class OutputError(ValueError):
@@ -475,3 +475,36 @@ class GracefulStop:
         finally:
             self._depth -= 1
         self.check()
+
+
+# --------------------------------------------------------------------------- modes of new files
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: Python has no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(path: str | Path, *, executable: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have: 0666 (0777 for folders and
+    ``executable`` files) less the user's umask.
+
+    Temporaries come from ``mkstemp``/``mkdtemp`` (0600/0700) and some writers
+    (safetensors) create 0600 files; once renamed into place they must be readable by
+    whoever the user's umask lets read them, like every other file the toolkit writes.
+    """
+    full = 0o777 if executable or Path(path).is_dir() else 0o666
+    os.chmod(path, full & ~current_umask())
+
+
+def umask_tree(folder: str | Path) -> None:
+    """:func:`umask_mode` on ``folder`` and everything under it (a checkpoint, a model cache)."""
+    mask = current_umask()
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o777 & ~mask)
+        for name in files:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                os.chmod(p, (0o777 if os.stat(p).st_mode & 0o100 else 0o666) & ~mask)

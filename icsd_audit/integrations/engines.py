@@ -141,7 +141,9 @@ def write_verl_command(cfg: Any, *, n_gpus: int = 1, **paths: Any) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".verl_command.", dir=out)
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines))
-    os.chmod(tmp, 0o755)
+    from icsd_audit.outputs import umask_mode
+
+    umask_mode(tmp, executable=True)
     os.replace(tmp, path)
     return path
 

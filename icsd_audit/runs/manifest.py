@@ -97,7 +97,9 @@ def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o644)
+        from icsd_audit.outputs import umask_mode
+
+        umask_mode(tmp)  # mkstemp's 0600 is not what a plain new file gets
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

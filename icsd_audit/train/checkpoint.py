@@ -152,7 +152,7 @@ def save_checkpoint(out_dir: str | Path, *, next_step: int, model: Any, tokenize
     plain values or tensors, returned by :func:`load_trainer_state` at the top level.
     The checkpoint just written is never pruned, whatever the names of the others.
     """
-    from icsd_audit.outputs import staging_dir
+    from icsd_audit.outputs import staging_dir, umask_tree
 
     root = checkpoint_dir(out_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -164,6 +164,7 @@ def save_checkpoint(out_dir: str | Path, *, next_step: int, model: Any, tokenize
         opt_state = optimizer.state_dict() if with_optimizer else None
         _write_state(tmp, {"next_step": int(next_step), "optimizer": opt_state, "rng": rng_state(),
                            "config": config, **(extra or {})})
+        umask_tree(tmp)  # safetensors writes 0600: a checkpoint gets the modes of any new file
         if target.exists():  # the same step written again (a resumed run redid it): the new one replaces it
             shutil.rmtree(target)
         os.replace(tmp, target)

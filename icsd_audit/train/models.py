@@ -294,7 +294,6 @@ def ensure_embedded_model(*, refresh: bool = False) -> tuple[Path, bool]:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder
     try:
         with _offline():
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
@@ -310,6 +309,9 @@ def ensure_embedded_model(*, refresh: bool = False) -> tuple[Path, bool]:
         prov.update({"source": str(gguf), "created_unix": time.time(), "dtype": "float32"})
         (tmp / _PROVENANCE_FILE).write_text(json.dumps(prov, indent=2) + "\n")
         del model
+        from icsd_audit.outputs import umask_tree
+
+        umask_tree(tmp)  # mkdtemp and safetensors make it private; the cache is an ordinary folder
         if target.exists():
             # refresh, or an invalid/stale cache: move it aside, then swap in the new one
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))

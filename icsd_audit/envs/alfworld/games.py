@@ -112,7 +112,9 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is ordinary files
+        from icsd_audit.outputs import umask_mode
+
+        umask_mode(tmp)  # mkstemp makes it private; the cache is ordinary files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

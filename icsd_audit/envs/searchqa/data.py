@@ -133,6 +133,9 @@ def _atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        from icsd_audit.outputs import umask_mode
+
+        umask_mode(tmp)  # mkstemp's 0600 is not what a plain new file gets
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -240,6 +240,9 @@ def _save_index(folder: Path, bm25: Any, offsets: np.ndarray, corpus: Path) -> N
         if folder.exists():  # another process finished first: keep its copy
             shutil.rmtree(tmp)
             return
+        from icsd_audit.outputs import umask_tree
+
+        umask_tree(tmp)  # mkdtemp's 0700: the cache is an ordinary folder
         tmp.rename(folder)
     except OSError as exc:  # an unwritable cache costs a rebuild next time, not the run
         if tmp is not None:

@@ -176,7 +176,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared report from its readers
+        from icsd_audit.outputs import umask_mode
+
+        umask_mode(tmp)  # mkstemp's 0600 would hide a shared report from its readers
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
