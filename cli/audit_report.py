@@ -85,8 +85,8 @@ def report(
                                      eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
     written = write_report(rep, out)
     t = rep.stats.tcm
-    tcm = (f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)"
-           if t.n_active_tokens else "TCM undefined (no token with delta > 0 and |u| > eps)")
+    tcm = (f"TCM n/a ({t.undefined})" if t.undefined else
+           f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)")
     stderr_console().print(
         f"[bold]{out / 'report.html'}[/]: {rep.provenance['n_tokens']:,} tokens, {rep.provenance['n_batches']} batches; "
         f"{tcm}; {len(written)} files" + (f"; not shown (why: summary.md): {', '.join(rep.omitted)}" if rep.omitted else ""),

@@ -80,8 +80,18 @@ def _emit(name: str, payload: dict[str, Any], as_json: bool) -> None:
         table.add_column(col, justify="left" if col == "quantity" else "right")
     for path, t in rows:
         unit = " pp" if path.split(".")[-1] == "diff" else " %"
-        table.add_row(path, *(f"{100 * t[k]:.2f}{unit}" if t[k] is not None else "-" for k in ("estimate", "ci_low", "ci_high")))
+        table.add_row(path, *(f"{100 * t[k]:.2f}{unit}" if t[k] is not None else "n/a" for k in ("estimate", "ci_low", "ci_high")))
     Console().print(table)
+    for line in undefined_lines(payload):
+        Console().print(line, highlight=False, soft_wrap=True)
+
+
+def undefined_lines(payload: dict[str, Any]) -> list[str]:
+    """``n/a: reason`` for the statistic (or each group of ``--by``) that has no value, in words."""
+    if payload.get("undefined"):
+        return [f"n/a: {payload['undefined']}."]
+    by = payload.get("by", "group")
+    return [f"n/a for {by}={g.get('key')}: {g['undefined']}." for g in payload.get("groups", []) if g.get("undefined")]
 
 
 def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
@@ -210,6 +220,9 @@ def landscape(
         for g in payload["envs"]:
             for name, r in (g.get("regions") or {}).items():
                 b, c = r[base], r[compare]
+                if not r["n_tokens"]:
+                    Console().print(f"{g['env'] or 'all'} {name}: 0 tokens; multiplier n/a (the region holds no token)")
+                    continue
                 Console().print(f"{g['env'] or 'all'} {name}: {r['n_tokens']} tokens; multiplier {base} "
                                 f"{f(b['estimate'])} [{f(b['ci_low'])}, {f(b['ci_high'])}], {compare} "
                                 f"{f(c['estimate'])} [{f(c['ci_low'])}, {f(c['ci_high'])}]")

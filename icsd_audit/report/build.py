@@ -155,6 +155,10 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
                                     keep_replicates=[i == len(fams) - 1 for i in range(len(fams))])
     stats = pooled.results(raws[: len(parts[0])])
     dynamics = per_step.results(raws[len(parts[0]) : len(parts[0]) + len(parts[1])]).tcm if dyn else None
+    if dynamics is not None and all(r.undefined for r in dynamics.results):  # no curve to draw: say why instead
+        why = "; ".join(dict.fromkeys(r.undefined for r in dynamics.results))
+        omitted["dynamics"] = f"trusted-conflict mass is n/a at every step: {why}"
+        dynamics = None
     return AuditReport(
         stats=stats,
         landscape=land.result(grids, raws[-1]),
@@ -194,10 +198,11 @@ def make_figures(report: AuditReport, *, include_neutral: bool = True) -> dict[s
 
     out: dict[str, Any] = {}
     s = report.stats
-    if s.quadrants is not None:
+    # a statistic with no value (its tables say n/a and why) gets no empty figure
+    if s.quadrants is not None and not s.quadrants.undefined:
         out["quadrants"] = F.quadrant_figure(s.quadrants, include_neutral=include_neutral)
     out["landscape"] = F.landscape_figure(report.landscape)
-    if s.shift is not None:
+    if s.shift is not None and not s.shift.undefined:
         out["shift"] = F.shift_figure(s.shift)
     if report.gradcos is not None:
         out["alignment"] = F.alignment_figure(report.gradcos)

@@ -86,20 +86,21 @@ def report_tables(report: AuditReport) -> list[Table]:
             (bn, _ci(t.base), _pct(t.base.standard_error)),
             (cn, _ci(t.compare), _pct(t.compare.standard_error)),
             (f"{cn} \u2212 {bn} (pp)", _signed(t.diff), _pct(t.diff.standard_error)),
-        ), f"{t.n_active_tokens:,} active teacher-supported tokens of {t.n_tokens:,}; eps = {t.eps:g}."))
+        ), f"{t.n_active_tokens:,} active teacher-supported tokens of {t.n_tokens:,}; eps = {t.eps:g}."
+           + _na_note(t)))
     if s.quadrants is not None:
         q = s.quadrants
         rows = tuple((r, f"{q.region_tokens[r]:,}", _ci(p.base), _ci(p.compare), _signed(p.diff))
                      for r, p in q.regions.items())
         out.append(Table("quadrants", "Mass share by sign region (%)",
-                         ("region", "tokens", bn, cn, f"{cn} \u2212 {bn} (pp)"), rows))
+                         ("region", "tokens", bn, cn, f"{cn} \u2212 {bn} (pp)"), rows, _na_note(q).strip()))
     if s.shift is not None:
         sh = s.shift
         rows = tuple((k, f"{b.n_tokens:,}", _range(b.advantage_min, b.advantage_max), _ci(b.base), _ci(b.compare),
                       _signed(b.diff)) for k, b in sh.bins.items())
         out.append(Table("shift", "Share of S+ mass by advantage bin (%)",
                          ("bin", "tokens", "advantage range", bn, cn, "shift (pp)"), rows,
-                         f"{sh.n_splus_tokens:,} tokens with \u0394 > 0."))
+                         f"{sh.n_splus_tokens:,} tokens with \u0394 > 0." + _na_note(sh)))
     land = report.landscape
     grids = list(land.envs.values())
     same = all(abs(g.mean[land.base_name] - g.mean[land.compare_name]) <= 1e-9 * max(abs(g.mean[land.base_name]), 1e-300)
@@ -125,7 +126,8 @@ def report_tables(report: AuditReport) -> list[Table]:
                          "trusted_supported: top fifth of both delta and advantage ranks, delta > 0, A > 0; "
                          "trusted_opposed: top fifth of delta ranks, delta > 0, A < 0. 95 % action-turn bootstrap "
                          "intervals. Colours: Gaussian-kernel smoothed intensity"
-                         + (f", bandwidth {sm.get('bandwidth'):g} in rank units." if sm else ".")))
+                         + (f", bandwidth {sm.get('bandwidth'):g} in rank units." if sm else ".")
+                         + (" n/a: the region holds no token." if any(r[2] == "0" for r in reg_rows) else "")))
     if s.clip is not None:
         c = s.clip
         rows = tuple((label, f"{cs.n_tokens:,}", _ci(cs.tokens), _ci(cs.mass.base), _ci(cs.mass.compare),
@@ -150,8 +152,25 @@ def report_tables(report: AuditReport) -> list[Table]:
                          f"{sum(b < c for b, c in zip(g.cos_base, g.cos_compare))}." + _skipped_note(g)))
     if report.dynamics is not None:
         rows = tuple((str(k), _ci(r.base), _ci(r.compare), _signed(r.diff)) for k, r in report.dynamics.items())
-        out.append(Table("dynamics", "Trusted-conflict mass per step (%)", ("step", bn, cn, f"{cn} \u2212 {bn} (pp)"), rows))
+        out.append(Table("dynamics", "Trusted-conflict mass per step (%)", ("step", bn, cn, f"{cn} \u2212 {bn} (pp)"), rows,
+                         _steps_na_note(report.dynamics)))
     return out
+
+
+def _na_note(result: Any) -> str:
+    """`` n/a: reason.`` for a statistic that has no value on these tokens ('' when it has one)."""
+    why = getattr(result, "undefined", None)
+    return f" n/a: {why}." if why else ""
+
+
+def _steps_na_note(per_step: Any) -> str:
+    """Which steps have no TCM and why, one sentence per reason ('' when every step has one)."""
+    reasons: dict[str, list[str]] = {}
+    for k, r in per_step.items():
+        why = getattr(r, "undefined", None)
+        if why:
+            reasons.setdefault(why, []).append(str(k))
+    return " ".join(f"n/a at step{'s' if len(ks) > 1 else ''} {', '.join(ks)}: {why}." for why, ks in reasons.items())
 
 
 def _skipped_note(g: Any) -> str:
@@ -202,6 +221,8 @@ def _headline(report: AuditReport) -> str:
     t, o = report.stats.tcm, report.options
     if t is None:
         return ""
+    if t.undefined:
+        return f"Trusted-conflict mass is n/a: {t.undefined}."
     return (f"Trusted-conflict mass: {display_name(o.base)} {_pct(t.base.estimate, 1)} %, "
             f"{display_name(o.compare)} {_pct(t.compare.estimate, 1)} %; difference "
             f"{_signed(t.diff, 1)} points ({100 * o.confidence_level:g} % action-turn bootstrap CI).")

@@ -163,6 +163,9 @@ class AuditAccumulator:
             put("tcm_num_c", neg, wc64)
             put("tcm_den_c", act, wc64)
             cols["tcm_active_n"] = _count(cidx, act)
+            # why TCM is undefined when no token is active (TCMResult.undefined)
+            cols["tcm_supported_n"] = _count(cidx, dpos)
+            cols["tcm_supported_adv0_n"] = _count(cidx, dpos & (adv_a == 0))
         if "quadrants" in self.statistics or "clip" in self.statistics:
             put("total_b", None, wb64)
             put("total_c", None, wc64)
@@ -466,7 +469,8 @@ class _Ctx:
         p = self.paired("tcm")
         return TCMResult(
             **self.common, eps=self.acc.eps, n_active_tokens=int(round(self.total("tcm_active_n"))),
-            base=p.base, compare=p.compare, diff=p.diff,
+            base=p.base, compare=p.compare, diff=p.diff, n_supported_tokens=int(round(self.total("tcm_supported_n"))),
+            n_supported_zero_advantage=int(round(self.total("tcm_supported_adv0_n"))),
         )
 
     def quadrants(self) -> QuadrantsResult:

@@ -20,6 +20,7 @@ __all__ = [
     "EPS", "CLIP_EPS", "DUAL_CLIP", "N_SHIFT_BINS", "LANDSCAPE_GRID", "MASS_RTOL", "REGIONS", "STATISTICS",
     "shift_bin_labels", "PairedResult", "TCMResult", "QuadrantsResult", "ShiftBin", "ShiftResult",
     "ClipSet", "ClipResult", "GroupedResult", "AuditResults", "check_names", "json_float", "json_key",
+    "tcm_undefined_reason",
 ]
 
 EPS = 1e-4
@@ -89,22 +90,58 @@ class _Common:
         }
 
 
+def _defined(*results: BootstrapResult) -> bool:
+    return all(math.isfinite(r.estimate) for r in results)
+
+
+def tcm_undefined_reason(*, n_tokens: int, n_active: int, n_supported: int | None,
+                         n_supported_zero_advantage: int | None, eps: float) -> str:
+    """Why TCM has no value, in words: which part of its denominator set {delta > 0, |u| > eps} is empty."""
+    if n_tokens == 0:
+        return "no valid token"
+    if n_active > 0:
+        return f"the weightings put no mass on the {n_active:,} tokens with delta > 0 and |u| > eps"
+    if n_supported == 0:
+        return "no token has delta > 0, i.e. the teacher rates no sampled token above the student"
+    if n_supported is not None and n_supported_zero_advantage == n_supported:
+        return ("every token with delta > 0 has advantage 0, as when all rollouts of a group get the same reward "
+                "and GRPO/GiGPO give that group no signal")
+    return f"no token with delta > 0 has |u| = |advantage x ratio x delta| > eps = {eps:g}"
+
+
 @dataclass(frozen=True)
 class TCMResult(_Common):
-    """Trusted-conflict mass (SPEC 6) under both weightings and compare minus base."""
+    """Trusted-conflict mass (SPEC 6) under both weightings and compare minus base.
+
+    ``n_supported_tokens`` (delta > 0) and ``n_supported_zero_advantage`` (of those, advantage
+    0) say why the statistic is undefined when no token is active (:attr:`undefined`).
+    """
 
     eps: float
     n_active_tokens: int
     base: BootstrapResult
     compare: BootstrapResult
     diff: BootstrapResult
+    n_supported_tokens: int | None = None
+    n_supported_zero_advantage: int | None = None
+
+    @property
+    def undefined(self) -> str | None:
+        """Why TCM has no value on these tokens, in words; None when it has one."""
+        if self.n_active_tokens > 0 and _defined(self.base, self.compare):
+            return None
+        return tcm_undefined_reason(n_tokens=self.n_tokens, n_active=self.n_active_tokens,
+                                    n_supported=self.n_supported_tokens,
+                                    n_supported_zero_advantage=self.n_supported_zero_advantage, eps=self.eps)
 
     def to_dict(self) -> dict[str, Any]:
         d = self._head()
         d.update(
             {
+                "undefined": self.undefined,
                 "eps": float(self.eps),
                 "n_active_tokens": int(self.n_active_tokens),
+                "n_supported_tokens": None if self.n_supported_tokens is None else int(self.n_supported_tokens),
                 self.base_name: self.base.to_dict(),
                 self.compare_name: self.compare.to_dict(),
                 "diff": self.diff.to_dict(),
@@ -121,8 +158,16 @@ class QuadrantsResult(_Common):
     regions: Mapping[str, PairedResult]
     region_tokens: Mapping[str, int]
 
+    @property
+    def undefined(self) -> str | None:
+        """Why the shares have no value (no valid token, or no mass on any), in words; None when they have one."""
+        if all(_defined(p.base, p.compare) for p in self.regions.values()):
+            return None
+        return "no valid token" if self.n_tokens == 0 else "the weightings put no mass on any valid token"
+
     def to_dict(self) -> dict[str, Any]:
         d = self._head()
+        d["undefined"] = self.undefined
         d["regions"] = {
             name: {**p.to_dict(self.base_name, self.compare_name), "n_tokens": int(self.region_tokens[name])}
             for name, p in self.regions.items()
@@ -171,8 +216,18 @@ class ShiftResult(_Common):
     n_splus_tokens: int
     bins: Mapping[str, ShiftBin]
 
+    @property
+    def undefined(self) -> str | None:
+        """Why the shift has no value (S+ empty or without mass), in words; None when it has one."""
+        if self.n_splus_tokens > 0 and all(_defined(b.base, b.compare) for b in self.bins.values()):
+            return None
+        if self.n_splus_tokens == 0:
+            return "no token has delta > 0, i.e. S+ is empty"
+        return f"the weightings put no mass on the {self.n_splus_tokens:,} tokens with delta > 0"
+
     def to_dict(self) -> dict[str, Any]:
         d = self._head()
+        d["undefined"] = self.undefined
         d["n_bins"] = int(self.n_bins)
         d["n_splus_tokens"] = int(self.n_splus_tokens)
         d["bins"] = {k: b.to_dict(self.base_name, self.compare_name) for k, b in self.bins.items()}

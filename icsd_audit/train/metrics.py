@@ -202,8 +202,16 @@ class PrintReporter(NullReporter):
 def summary_line(step: int, r: Mapping[str, Any]) -> str:
     def f(key: str, fmt: str = ".3f") -> str:
         v = r.get(key)
-        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+        return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
     return (f"step {step}: success {f('rollout/success', '.2f')} score {f('rollout/score')} "
             f"invalid {f('rollout/invalid_rate', '.2f')} kl {f('actor/kl', '.2e')} clip {f('actor/clip_frac', '.3f')} "
-            f"aux {f('actor/aux_loss', '.2e')} tcm {f('alloc/tcm')} ({f('time/step', '.1f')} s)")
+            f"aux {f('actor/aux_loss', '.2e')} tcm {f('alloc/tcm')}{_tcm_why(r)} ({f('time/step', '.1f')} s)")
+
+
+def _tcm_why(r: Mapping[str, Any]) -> str:
+    """Why the step's TCM is n/a, when it is: no token with delta > 0 and a non-zero influence."""
+    v = r.get("alloc/tcm")
+    if r.get("alloc/tcm_active_tokens") == 0 and (v is None or (isinstance(v, float) and not math.isfinite(v))):
+        return " (no token with delta > 0 and |u| > eps)"
+    return ""
