@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -84,14 +85,10 @@ def report(
     rep = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
                                      eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
     written = write_report(rep, out)
-    t = rep.stats.tcm
-    tcm = (f"TCM n/a ({t.undefined})" if t.undefined else
-           f"TCM {100 * t.base.estimate:.1f} % -> {100 * t.compare.estimate:.1f} % ({100 * t.diff.estimate:+.1f} pp)")
-    stderr_console().print(
-        f"[bold]{out / 'report.html'}[/]: {rep.provenance['n_tokens']:,} tokens, {rep.provenance['n_batches']} batches; "
-        f"{tcm}; {len(written)} files" + (f"; not shown (why: summary.md): {', '.join(rep.omitted)}" if rep.omitted else ""),
-        soft_wrap=True
-    )
+    from icsd_audit.report.render import terminal_lines
+
+    for line in terminal_lines(rep, out):
+        print(line, file=sys.stderr)
 
 
 def _not_shown(rep: Any) -> str:

@@ -10,6 +10,7 @@ import typer
 
 from .common import fail, handle_errors, stderr_console
 from .apps import app
+from .progress import RichReporter as _RichReporter, routed_logs, silence_bars
 
 
 #: What ``pip install 'icsd-audit[train]'`` adds (pyproject.toml), by import name.
@@ -83,50 +84,6 @@ def _print_fields() -> None:
     con = stderr_console()
     for name, (typ, doc, default) in field_docs().items():
         con.print(f"[bold]{name}[/] ({typ}, default {default!r}): {doc}", highlight=False)
-
-
-class _RichReporter:
-    """A live bar for terminals: steps done, the running phase, elapsed time and an ETA.
-
-    The ETA is the mean time of the steps finished so far times the steps left (rich
-    shows -:--:-- until the first step is done); each finished step prints its summary
-    line above the bar, unwrapped.
-    """
-
-    def __init__(self) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
-
-        self.console = stderr_console()
-        self.progress = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn(), console=self.console)
-        self.task: Any = None
-
-    def start(self, *, total_steps: int, start_step: int, out_dir: str) -> None:
-        self.console.print(f"training steps {start_step}..{total_steps - 1} -> [bold]{out_dir}[/]", soft_wrap=True)
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=total_steps, completed=start_step)
-
-    def phase(self, step: int, name: str) -> None:
-        from icsd_audit.train.metrics import PHASE_LABELS
-
-        self.progress.update(self.task, description=f"step {step}: {PHASE_LABELS.get(name, name)}")
-
-    def phase_done(self, step: int, name: str, seconds: float) -> None:
-        return None
-
-    def step_done(self, step: int, record: Mapping[str, Any]) -> None:
-        from icsd_audit.train.metrics import summary_line
-
-        self.progress.console.print(summary_line(step, record), highlight=False, soft_wrap=True)
-        self.progress.update(self.task, completed=step + 1)
-
-    def message(self, text: str) -> None:
-        self.progress.console.print(text, highlight=False, soft_wrap=True)
-
-    def finish(self) -> None:
-        self.progress.stop()
 
 
 def _check_env_data(cfg: Any) -> None:
@@ -261,10 +218,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     _require_train_extra("train")
     # a live bar only on a terminal; logs get whole lines, one per phase, and no progress bars
     log_lines = plain or not sys.stderr.isatty()
-    if log_lines:
-        import os
-
-        os.environ.setdefault("TQDM_DISABLE", "1")  # read when tqdm is imported (the GGUF conversion's bar)
+    silence_bars()  # tqdm and Hugging Face bars: our bar or log lines say what runs
     from icsd_audit.train.loop import train
     from icsd_audit.train.metrics import PrintReporter
 
@@ -334,17 +288,40 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
             eng.run_trl(cfg, reporter=PrintReporter() if log_lines else _RichReporter(), adv_explicit=adv_explicit,
                         overwrite=overwrite)
         return
-    if log_lines:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     reporter = PrintReporter() if log_lines else _RichReporter()
-    res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None), reporter=reporter,
-                overwrite=overwrite)
+    with routed_logs(reporter), reporter.keepalive():
+        res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None),
+                    reporter=reporter, overwrite=overwrite)
     con = stderr_console()
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")
               + (f"; checkpoint [bold]{res.checkpoint}[/]" if res.checkpoint else ""), highlight=False, soft_wrap=True)
+    for line in what_next(cfg, res.dumps_dir):
+        con.print(line, highlight=False, soft_wrap=True)
+
+
+#: What one episode's success is, per environment (``rollout/success`` is the share of a step's episodes).
+SUCCESS = {
+    "webshop": "bought a product that matches every requested attribute and option within the price limit "
+               "(reward 1; score is the reward's partial credit, 0 to 1)",
+    "searchqa": "ended with an answer that exactly matches a gold answer",
+    "alfworld": "completed its household task",
+}
+
+
+def what_next(cfg: Any, dumps: Optional[Path]) -> list[str]:
+    """The run's last lines: what success means on this configuration, and what to look at next."""
+    won = SUCCESS.get(cfg.env, "was won by the environment's own rule")
+    def n(k: int, word: str) -> str:
+        return f"{k} {word}{'' if k == 1 else 's'}"
+
+    lines = [f"success here: the share of a step's {n(cfg.n_tasks * cfg.group_size, 'episode')} ({n(cfg.n_tasks, 'task')} "
+             f"x {n(cfg.group_size, 'rollout')}, at most {n(cfg.max_turns, 'turn')} each) that {won}."]
+    if dumps is not None:
+        report = Path(cfg.out_dir) / "report"
+        lines.append(f"what to look at: icsd audit report {dumps} --out {report} (report.html: where the distillation "
+                     "mass went, trusted-conflict mass and gradient cosines with bootstrap CIs)")
+    return lines
 
 
 def _probe_writable(out: Path) -> None:

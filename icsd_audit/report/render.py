@@ -20,7 +20,7 @@ from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
 
 __all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "html_table",
-           "page_css"]
+           "page_css", "terminal_lines"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -330,3 +330,26 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
             "<meta name=\"referrer\" content=\"no-referrer\"><link rel=\"icon\" href=\"data:,\">"
             f"<title>icsd audit report</title><style>{_CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def terminal_lines(report: AuditReport, out: Any) -> list[str]:
+    """What ``icsd audit report`` prints when done: where to look, and the headline mechanism numbers."""
+    s, o, p = report.stats, report.options, report.provenance
+    bn, cn = display_name(o.base), display_name(o.compare)
+    level = f"{100 * o.confidence_level:g} % CI"
+    lines = [f"report: {out}/report.html (self-contained: open it in a browser); summary.md and summary.json beside it",
+             f"  data: {p.get('n_tokens', 0):,} tokens in {p.get('n_batches', 0):,} batches"]
+    t = s.tcm
+    if t is not None:
+        if t.undefined:
+            lines.append(f"  trusted-conflict mass: n/a ({t.undefined})")
+        else:
+            lines.append(f"  trusted-conflict mass: {bn} {_pct(t.base.estimate, 1)} % -> {cn} {_pct(t.compare.estimate, 1)} %, "
+                         f"difference {_signed(t.diff, 1)} pp ({level}; lower is less trusted mass on A < 0 tokens)")
+    g = report.gradcos
+    if g is not None:
+        lines.append(f"  cosine with the RL gradient: {bn} {_ci(g.mean_base, 3, 1.0)} -> {cn} {_ci(g.mean_compare, 3, 1.0)}, "
+                     f"gain {_signed(g.gain, 3, 1.0)} over {len(g.batch_ids)} batches ({level})")
+    if report.omitted:
+        lines.append(f"  not shown (why: summary.md): {', '.join(report.omitted)}")
+    return lines

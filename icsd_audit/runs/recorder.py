@@ -36,6 +36,11 @@ class RunRecorder:
     def phase_done(self, step: int, name: str, seconds: float) -> None:
         self.inner.phase_done(step, name, seconds)
 
+    def progress(self, step: int, name: str, done: int, total: int, unit: str) -> None:
+        say = getattr(self.inner, "progress", None)  # reporters written before progress() existed lack it
+        if say is not None:
+            say(step, name, done, total, unit)
+
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
         self.trackers.log(record)
         self.manifest.step(step + 1)

@@ -262,13 +262,15 @@ class Actor:
 
     # -------------------------------------------------------------- update
     def update(self, step: int, data: StepData, *, sink: DumpSink | None = None,
-               dump_columns: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, float], dict[str, np.ndarray]]:
+               dump_columns: dict[str, Any] | None = None, progress: Callable[[int, int], None] | None = None,
+               ) -> tuple[dict[str, float], dict[str, float], dict[str, np.ndarray]]:
         """All epochs and mini-batches of one step.
 
         Returns ``(metrics, timings, alloc_arrays)``; ``alloc_arrays`` pools the
         per-token delta, advantage, ratio, g, c, traj, turn and batch ids of every
         mini-batch (for the step's TCM). ``sink(name, columns)`` receives each
-        mini-batch's dump columns.
+        mini-batch's dump columns; ``progress(done, total)`` hears of each finished
+        mini-batch (epochs x mini-batches in all).
         """
         timer = _Timer()
         acc: dict[str, list[float]] = {}
@@ -292,6 +294,8 @@ class Actor:
                         t0 = time.perf_counter()
                         sink(f"step{step:06d}-mb{index - 1:03d}.parquet", {**cols, **(dump_columns or {})})
                         timer.add("dump", time.perf_counter() - t0)
+                if progress is not None:
+                    progress(index, self.ppo_epochs * len(mbs))
         metrics = self._finish_metrics(acc)
         arrays = {k: np.concatenate(v) for k, v in pooled.items()}
         return metrics, timer.t, arrays

@@ -46,6 +46,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import random
 import time
 from contextlib import contextmanager
@@ -77,6 +78,8 @@ from icsd_audit.train.teacher import make_teacher, skill_retriever
 
 __all__ = ["train", "TrainResult", "TrainingStopped", "load_policy", "seed_step", "draw_tasks", "resolve_precision",
            "EnvFactory", "check_services"]
+
+_log = logging.getLogger(__name__)
 
 #: ``env_factory(split)`` -> a fresh environment instance for that split.
 EnvFactory = Callable[[str], TextEnv]
@@ -130,11 +133,17 @@ def load_policy(model: str, *, device: torch.device, seed: int = 0,
 
     Code shipped in a model folder runs only with ``trust_remote_code=True``.
     """
+    t0 = time.perf_counter()
     if model == "tiny-random":
         m, tok = tiny_random_causal_lm(seed=seed)
-        return m.to(device), tok
-    lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
-    return lm.model, lm.tokenizer
+        m = m.to(device)
+    else:
+        lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
+        m, tok = lm.model, lm.tokenizer
+    n = sum(p.numel() for p in m.parameters())
+    size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
+    _log.info("loaded model %s (%s parameters) in %.1f s", model, size, time.perf_counter() - t0)
+    return m, tok
 
 
 def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
@@ -170,6 +179,16 @@ class _Phases:
             release_freed_memory()  # the next phase starts from what is live, not this one's high-water mark
             self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
             self.reporter.phase_done(self.step, name, self.t[name])
+
+    def progress(self, name: str, unit: str) -> Callable[[int, int], None]:
+        """``tick(done, total)`` for the phase ``name``: the reporter hears of each ``unit`` finished."""
+        say = getattr(self.reporter, "progress", None)  # reporters written before progress() existed lack it
+
+        def tick(done: int, total: int) -> None:
+            if say is not None:
+                say(self.step, name, done, total, unit)
+
+        return tick
 
 
 class _Reference:
@@ -441,7 +460,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                 data.ref_logp = reference.score(data.prompts, data.responses, cfg.micro_batch_rows)
             sink = _critical_sink(writer, stop) if staged is not None else None
             with phase("actor"):
-                actor_m, actor_t, pooled = actor.update(step, data, sink=sink, dump_columns={"env": cfg.env})
+                actor_m, actor_t, pooled = actor.update(step, data, sink=sink, dump_columns={"env": cfg.env},
+                                                        progress=phase.progress("actor", "mini-batch"))
 
             record = _record(step, batch, adv.metrics(), actor_m, actor_t, pooled, phase.t, teacher.last_stats,
                              cfg.alloc_eps, time.perf_counter() - t_step)

@@ -12,12 +12,14 @@ of the library, as the architecture asks).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -116,6 +118,10 @@ class Reporter(Protocol):
 
     def phase_done(self, step: int, name: str, seconds: float) -> None: ...
 
+    def progress(self, step: int, name: str, done: int, total: int, unit: str) -> None:
+        """``done`` of ``total`` units (``unit``: "mini-batch") of phase ``name`` are finished."""
+        ...
+
     def step_done(self, step: int, record: Mapping[str, Any]) -> None: ...
 
     def message(self, text: str) -> None: ...
@@ -134,6 +140,9 @@ class NullReporter:
         return None
 
     def phase_done(self, step: int, name: str, seconds: float) -> None:
+        return None
+
+    def progress(self, step: int, name: str, done: int, total: int, unit: str) -> None:
         return None
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
@@ -160,43 +169,108 @@ def clock(seconds: float) -> str:
 
 
 class PrintReporter(NullReporter):
-    """Plain lines on stderr for logs: one per phase (with its time and the run's elapsed
-    time), one summary per step with an ETA from the mean step time so far.
+    """Plain lines on stderr for logs, never quiet for long.
 
-    Lines are written whole with ``print`` and never wrapped, whatever the width.
-    Other phases than rollout, teacher, reference and actor get a line only when they
-    took ``min_seconds`` or more (advantages, the sampler's old log-probs: instant).
+    One line per phase (with its time and the time since the command started), one per
+    finished actor mini-batch, one summary per step with an ETA from the mean time of the
+    steps finished so far; :meth:`event` lines (model conversion and loading) carry the
+    same clock. Inside :meth:`keepalive`, a line saying what is running and for how long
+    is written whenever ``quiet_seconds`` pass without one (a long rollout, a GGUF
+    conversion), so a log never looks hung.
+
+    Lines are written whole (one ``write`` each, under a lock) and never wrapped,
+    whatever the width. Other phases than rollout, teacher, reference and actor get a
+    line only when they took ``min_seconds`` or more (advantages, the sampler's old
+    log-probs: instant).
     """
 
-    def __init__(self, *, stream: Any = None, min_seconds: float = 0.05) -> None:
+    def __init__(self, *, stream: Any = None, min_seconds: float = 0.05, quiet_seconds: float = 25.0) -> None:
         self.stream = stream
         self.min_seconds = min_seconds
-        self.t0 = time.perf_counter()
+        self.quiet_seconds = quiet_seconds
+        self.t0 = time.perf_counter()  # the clock of every line: time since the command started
+        self.train_t0 = self.t0  # the ETA's: time since training started
         self.total = 0
         self.start_step = 0
+        self._lock = threading.Lock()
+        self._last_line = self.t0
+        self._activity, self._since, self._done = "setting up", self.t0, ""
+        self._outer: tuple[str, float, str] | None = None  # what ran before the current running event
 
     def _say(self, text: str) -> None:
-        print(text, file=self.stream if self.stream is not None else sys.stderr, flush=True)
+        stream = self.stream if self.stream is not None else sys.stderr
+        with self._lock:
+            stream.write(text + "\n")  # one write: a keep-alive line never splits another
+            stream.flush()
+            self._last_line = time.perf_counter()
+
+    def _clock(self) -> str:
+        return f"[{clock(time.perf_counter() - self.t0)}]"
+
+    def _doing(self, activity: str) -> None:
+        self._activity, self._since, self._done = activity, time.perf_counter(), ""
 
     def start(self, *, total_steps: int, start_step: int, out_dir: str) -> None:
-        self.t0 = time.perf_counter()
+        self.train_t0 = time.perf_counter()
         self.total, self.start_step = total_steps, start_step
-        self._say(f"training steps {start_step}..{total_steps - 1} -> {out_dir}")
+        self._say(f"{self._clock()} training steps {start_step}..{total_steps - 1} -> {out_dir}")
+        self._doing(f"step {start_step}")
+
+    def phase(self, step: int, name: str) -> None:
+        self._doing(f"step {step} {PHASE_LABELS.get(name, name)}")
 
     def phase_done(self, step: int, name: str, seconds: float) -> None:
         if seconds >= self.min_seconds or name in ("rollout", "teacher", "reference", "actor"):
             label = PHASE_LABELS.get(name, name)
-            self._say(f"[{clock(time.perf_counter() - self.t0)}] step {step} {label}: {seconds:.1f} s")
+            self._say(f"{self._clock()} step {step} {label}: {seconds:.1f} s")
+        self._doing(f"step {step}")
+
+    def progress(self, step: int, name: str, done: int, total: int, unit: str) -> None:
+        self._done = f"{unit} {done}/{total} done"
+        self._say(f"{self._clock()} step {step} {PHASE_LABELS.get(name, name)}: {unit} {done}/{total} "
+                  f"({time.perf_counter() - self._since:.1f} s)")
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
-        elapsed = time.perf_counter() - self.t0
+        elapsed = time.perf_counter() - self.train_t0
         done = step + 1 - self.start_step
         left = self.total - step - 1
         eta = f", ETA {clock(elapsed / done * left)}" if done > 0 and left > 0 else ""
-        self._say(f"[{clock(elapsed)}] {summary_line(step, record)}{eta}")
+        self._say(f"{self._clock()} {summary_line(step, record)}{eta}")
+        self._doing(f"step {step + 1}" if left > 0 else "finishing")
 
     def message(self, text: str) -> None:
         self._say(text)
+
+    def event(self, text: str, *, running: bool = False) -> None:
+        """A timed line (model conversion, loading). ``running``: it starts something that keep-alive
+        lines name until the next event (``converting ...`` until ``converted ... in 48.1 s``)."""
+        self._say(f"{self._clock()} {text}")
+        if running:
+            self._outer = (self._activity, self._since, self._done)
+            self._doing(text)
+        elif self._outer is not None:
+            self._activity, self._since, self._done = self._outer
+            self._outer = None
+
+    @contextlib.contextmanager
+    def keepalive(self) -> Iterator["PrintReporter"]:
+        """Within the block, a line every ``quiet_seconds`` without one: what runs, for how long."""
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(min(1.0, self.quiet_seconds / 4)):
+                now = time.perf_counter()
+                if now - self._last_line >= self.quiet_seconds:
+                    done = f", {self._done}" if self._done else ""
+                    self._say(f"[{clock(now - self.t0)}] {self._activity}: running for {clock(now - self._since)}{done}")
+
+        thread = threading.Thread(target=watch, name="icsd-keepalive", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
 
 def summary_line(step: int, r: Mapping[str, Any]) -> str:

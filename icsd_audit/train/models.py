@@ -17,6 +17,7 @@ import contextlib
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -49,6 +50,9 @@ __all__ = [
     "tiny_random_causal_lm",
     "TINY_CHAT_TEMPLATE",
 ]
+
+#: Progress of long loads (the GGUF conversion): INFO lines the CLI prints with their times.
+_log = logging.getLogger(__name__)
 
 #: Name of the embedded default model (also accepted by :func:`load_model`).
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
@@ -293,6 +297,9 @@ def ensure_embedded_model(*, refresh: bool = False) -> tuple[Path, bool]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    _log.info("converting the embedded %s from its GGUF file to a safetensors copy in %s (once per cache)",
+              EMBEDDED_MODEL_NAME, target, extra={"running": True})
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         with _offline():
@@ -327,6 +334,7 @@ def ensure_embedded_model(*, refresh: bool = False) -> tuple[Path, bool]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _log.info("converted the embedded model in %.1f s", time.perf_counter() - t0)
     return target, True
 
 

@@ -112,7 +112,7 @@ def test_report_says_n_a_and_why_everywhere(tmp_path: Path, kind: str) -> None:
     res = CliRunner().invoke(app, ["audit", "report", str(d), "--out", str(tmp_path / "r"), "--resamples", "50"],
                              env={"COLUMNS": "400"}, terminal_width=400)
     assert res.exit_code == 0, res.output
-    assert f"TCM n/a ({reason}" in res.output and not NAN.search(res.output), res.output
+    assert f"trusted-conflict mass: n/a ({reason}" in res.output and not NAN.search(res.output), res.output
     md = (tmp_path / "r" / "summary.md").read_text()
     html = unescape((tmp_path / "r" / "report.html").read_text())
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

@@ -185,14 +185,26 @@ def test_missing_embedded_package_message(monkeypatch):
 
 
 @pytest.mark.slow
-def test_embedded_model_converts_once_then_loads_from_cache(monkeypatch, tmp_path):
+def test_embedded_model_converts_once_then_loads_from_cache(monkeypatch, tmp_path, caplog):
     """GGUF -> safetensors conversion into a fresh cache, then a cached load (about a minute)."""
+    import os
+    import re
+    import stat
+
     from transformers import AutoModelForCausalLM
 
+    caplog.set_level("INFO", logger="icsd_audit")
     monkeypatch.setenv("ICSD_CACHE", str(tmp_path))
     first = load_model("embedded")
     assert first.source == "embedded-converted"
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("icsd_audit")]
+    assert said[0].startswith("converting the embedded smollm2-135m-instruct") and said[0].endswith("(once per cache)")
+    assert re.fullmatch(r"converted the embedded model in \d+\.\d s", said[1]), said  # the log's phase lines
     folder = model_cache_dir()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~mask  # the cache gets the user's umask
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o666 & ~mask
     assert first.path == folder and (folder / "model.safetensors").is_file()
     assert (folder / "icsd_provenance.json").is_file()
     assert not list(folder.parent.glob(".*tmp-*"))  # no temp folder left behind

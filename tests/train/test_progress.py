@@ -25,7 +25,7 @@ def test_print_reporter_lines() -> None:
     rep.step_done(0, {"rollout/success": 0.5, "time/step": 17.3})
     rep.message("x" * 300)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "training steps 0..2 -> runs/x"
+    assert lines[0] == "[0:00] training steps 0..2 -> runs/x"  # the clock of the whole command
     assert re.fullmatch(r"\[0:00\] step 0 rollout: 12\.3 s", lines[1]), lines[1]
     assert re.fullmatch(r"\[0:00\] step 0 actor update: 5\.0 s", lines[2]), lines[2]
     assert lines[3].startswith("[0:00] step 0: success 0.50") and re.search(r", ETA \d+:\d\d$", lines[3])

@@ -1,0 +1,107 @@
+"""A training log that never goes quiet and never floods (issue 24 item 3).
+
+Before: ~50 s between pip and the first line showed only a GGUF bar written as one
+832-character line of carriage returns when piped; the actor update printed nothing for
+256-265 s; the terminal bar showed ``ETA -:--:--`` through step 1.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from icsd_audit.cli.progress import eta_text, routed_logs
+from icsd_audit.train.metrics import PrintReporter
+
+CLOCK = r"\[\d+:\d\d\]"
+
+
+def test_keepalive_names_what_runs_when_nothing_else_was_said() -> None:
+    out = io.StringIO()
+    rep = PrintReporter(stream=out, quiet_seconds=0.2)
+    with rep.keepalive():
+        rep.event("converting the embedded model (once per cache)", running=True)
+        time.sleep(0.75)
+        rep.event("converted the embedded model in 0.7 s")
+        rep.start(total_steps=2, start_step=0, out_dir="runs/x")
+        rep.phase(0, "actor")
+        rep.progress(0, "actor", 1, 4, "mini-batch")
+        time.sleep(0.75)
+    lines = out.getvalue().split("\n")
+    assert lines[-1] == "" and all("\r" not in ln for ln in lines)
+    conv = [ln for ln in lines if re.fullmatch(rf"{CLOCK} converting the embedded model \(once per cache\): running for 0:0\d", ln)]
+    assert len(conv) >= 2, lines  # one every 0.2 s of silence, none after the conversion ended
+    actor = [ln for ln in lines if re.fullmatch(rf"{CLOCK} step 0 actor update: running for 0:0\d, mini-batch 1/4 done", ln)]
+    assert len(actor) >= 2, lines
+    i_conv = next(i for i, ln in enumerate(lines) if re.fullmatch(rf"{CLOCK} converted the embedded model in 0.7 s", ln))
+    assert all("converting" not in ln for ln in lines[i_conv + 1:])
+    assert re.fullmatch(rf"{CLOCK} step 0 actor update: mini-batch 1/4 \(\d+\.\d s\)", lines[i_conv + 2]), lines
+
+
+def test_no_keepalive_line_while_lines_keep_coming() -> None:
+    out = io.StringIO()
+    rep = PrintReporter(stream=out, quiet_seconds=0.5)
+    with rep.keepalive():
+        rep.phase(0, "rollout")
+        for _ in range(8):
+            time.sleep(0.1)
+            rep.message("busy")
+    assert "running for" not in out.getvalue()
+
+
+def test_eta_from_measured_steps() -> None:
+    assert eta_text([], 2, 5.0) == "ETA after the first step"
+    assert eta_text([100.0, 120.0], 2, 30.0) == "ETA 3:10"  # 110 s x 2 steps left - 30 s into this one
+    assert eta_text([100.0], 1, 250.0) == "ETA 0:00"  # a slow step: never negative
+    assert eta_text([100.0], 0, 0.0) == "ETA 0:00"
+
+
+def test_library_lines_and_transformers_warnings_go_through_the_reporter() -> None:
+    out = io.StringIO()
+    rep = PrintReporter(stream=out)
+    before = list(logging.getLogger("transformers").handlers)
+    with routed_logs(rep):
+        logging.getLogger("icsd_audit.train.models").info("loaded model x in %.1f s", 1.25)
+        logging.getLogger("icsd_audit.train.models").debug("not shown")
+        logging.getLogger("transformers.generation").warning("a warning\nover two lines")
+    assert logging.getLogger("transformers").handlers == before
+    assert out.getvalue().splitlines() == ["[0:00] loaded model x in 1.2 s",
+                                           "[0:00] warning (transformers): a warning over two lines"]
+
+
+def test_third_party_bars_are_silenced() -> None:
+    code = ("from icsd_audit.cli.progress import silence_bars; silence_bars()\n"
+            "from tqdm.auto import tqdm\nfor _ in tqdm(range(50), desc='Writing model shards'): pass\n"
+            "from transformers.utils import logging as hf; assert not hf.is_progress_bar_enabled()")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "Writing model shards" not in res.stderr and "\r" not in res.stderr
+
+
+def test_piped_log_has_a_line_per_mini_batch_and_no_carriage_returns(tmp_path: Path) -> None:
+    sets = ["model=tiny-random", "n_tasks=1", "group_size=3", "max_turns=1", "max_response_tokens=4",
+            "max_prompt_tokens=128", "mini_batch_rows=1", "micro_batch_rows=1", "sketch_k=0", "threads=1"]
+    cmd = [sys.executable, "-m", "icsd_audit.cli", "train", "--preset", "cpu-demo", "--steps", "2",
+           "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
+    res = subprocess.run(cmd, capture_output=True, timeout=300)  # stderr is a pipe, not a terminal
+    err = res.stderr.decode()
+    assert res.returncode == 0, err
+    assert "\r" not in err and "it/s" not in err  # no bar redraws in a log
+    lines = err.splitlines()
+    assert max(map(len, lines)) < 400, max(lines, key=len)
+    assert re.fullmatch(rf"{CLOCK} loaded model tiny-random \(\S+ parameters\) in \d+\.\d s", lines[0]), lines[0]
+    for step in (0, 1):
+        for k in (1, 2, 3):  # 3 episodes x 1 turn = 3 rows, one per mini-batch
+            pat = rf"{CLOCK} step {step} actor update: mini-batch {k}/3 \(\d+\.\d s\)"
+            assert sum(bool(re.fullmatch(pat, ln)) for ln in lines) == 1, (pat, lines)
+    assert lines[-3].startswith("done: steps 0..1; metrics ")
+    assert lines[-2] == ("success here: the share of a step's 3 episodes (1 task x 3 rollouts, at most 1 turn each) "
+                         "that bought a product that matches every requested attribute and option within the price "
+                         "limit (reward 1; score is the reward's partial credit, 0 to 1).")
+    assert lines[-1].startswith(f"what to look at: icsd audit report {tmp_path / 'run' / 'dumps'} --out "
+                                f"{tmp_path / 'run' / 'report'} ")
