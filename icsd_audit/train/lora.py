@@ -277,6 +277,9 @@ def export_merged(*, model: str | None, adapter: str | Path, out: str | Path, se
         (tmp / "icsd_export.json").write_text(json.dumps(
             {"base_model": base_ref, "adapter": str(adapter_p), "adapter_meta": read_adapter_meta(adapter_p)},
             indent=2, sort_keys=True) + "\n")
+        from icsd_audit.outputs import umask_tree
+
+        umask_tree(tmp)  # mkdtemp and safetensors make it private; an export is an ordinary model folder
         os.replace(tmp, out_p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
