@@ -118,22 +118,3 @@ def test_tests_mirror_the_package() -> None:
         assert (PKG / sub).is_dir() and (ROOT / "tests" / sub).is_dir(), sub
     prefixed = [p for p in PKG.rglob("*.py") if p.parent != PKG and p.stem.startswith(p.parent.name.rstrip("s"))]
     assert not prefixed, f"modules repeating their folder's name: {prefixed}"
-
-
-def test_readme_snippets_run(monkeypatch) -> None:
-    import re
-
-    import torch
-
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    assert len(blocks) == 2
-    n = 12
-    g = torch.Generator().manual_seed(0)
-    trainer = dict(adv=torch.tensor([1.0] * 6 + [-1.0] * 6), ratio=torch.ones(n), delta=torch.randn(n, generator=g),
-                   traj=torch.tensor([0] * 6 + [1] * 6), turn=torch.zeros(n, dtype=torch.long),
-                   mask=torch.ones(n, dtype=torch.bool), lam=0.01, teacher_logp=torch.randn(n, generator=g),
-                   logp=torch.randn(n, generator=g, requires_grad=True))
-    exec(blocks[0], trainer)
-    assert trainer["aux_loss"].requires_grad and torch.isfinite(trainer["aux_loss"])
-    monkeypatch.chdir(ROOT)
-    exec(blocks[1], {})

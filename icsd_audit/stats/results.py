@@ -161,7 +161,7 @@ class QuadrantsResult(_Common):
     @property
     def undefined(self) -> str | None:
         """Why the shares have no value (no valid token, or no mass on any), in words; None when they have one."""
-        if all(_defined(p.base, p.compare) for p in self.regions.values()):
+        if any(_defined(p.base, p.compare) for p in self.regions.values()):
             return None
         return "no valid token" if self.n_tokens == 0 else "the weightings put no mass on any valid token"
 
@@ -219,7 +219,7 @@ class ShiftResult(_Common):
     @property
     def undefined(self) -> str | None:
         """Why the shift has no value (S+ empty or without mass), in words; None when it has one."""
-        if self.n_splus_tokens > 0 and all(_defined(b.base, b.compare) for b in self.bins.values()):
+        if self.n_splus_tokens > 0 and any(_defined(b.base, b.compare) for b in self.bins.values()):
             return None
         if self.n_splus_tokens == 0:
             return "no token has delta > 0, i.e. S+ is empty"

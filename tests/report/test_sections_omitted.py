@@ -54,12 +54,17 @@ def test_cosines_undefined_everywhere_leave_out_alignment_only(tmp_path: Path) -
     why = summary["omitted"]["alignment"]
     assert why.startswith("gradient cosine undefined in every batch (3 skipped: batch 0: zero RL direction "
                           "(every advantage is 0)")
-    assert summary["gradcos"] is None and set(summary["omitted"]) == {"alignment"}
-    assert summary["dynamics"] is not None  # two steps: that section stays
+    # two steps, but with every advantage 0 TCM is n/a at both: no curve, the reason in its place (issue 24 item 6)
+    assert summary["gradcos"] is None and set(summary["omitted"]) == {"alignment", "dynamics"}
+    assert summary["omitted"]["dynamics"] == ("trusted-conflict mass is n/a at every step: every token with delta > 0 "
+                                              "has advantage 0, as when all rollouts of a group get the same reward "
+                                              "and GRPO/GiGPO give that group no signal")
+    assert summary["dynamics"] is None and summary["tcm"]["undefined"] is not None
     assert f"*Not shown: {why}.*" in md and "## Gradient compatibility" in md
     assert "<h2 id=\"alignment\">Gradient compatibility</h2><p class=\"note\">Not shown: gradient cosine" in html.replace("\n", "")
     assert not (tmp_path / "rep" / "figures" / "alignment.png").exists()
-    assert (tmp_path / "rep" / "figures" / "dynamics.png").exists()
+    assert not (tmp_path / "rep" / "figures" / "dynamics.png").exists()
+    assert f"*Not shown: {summary['omitted']['dynamics']}.*" in md
 
 
 def test_the_same_dumps_with_rewards_keep_every_section(tmp_path: Path) -> None:
