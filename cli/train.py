@@ -112,6 +112,9 @@ def train_cmd(
                    "Paper names: '+ OPSD' = opsd, stand-alone 'OPSD' = opsd with --set pg_coef=0, "
                    "'Skill-GRPO' = none with --set student_skills=train ('Skill-GRPO*': both), "
                    "'Fisher magnitude' = fisher, 'Sign-only' = sign (docs/reproduce.md)."),
+    hybrid: Optional[str] = typer.Option(
+        None, help="The paper's hybrid distillation baselines, as SDAR's code defines them (with --allocator none): "
+                   "rlsd or skill-sd; none: off (docs/training.md)."),
     trust: Optional[str] = typer.Option(None, help="Base trust: laplace, sigmoid or uniform."),
     distill_coef: Optional[float] = typer.Option(None, "--lambda", help="Distillation weight lambda."),
     seed: Optional[int] = typer.Option(None, help="Master seed."),
@@ -190,7 +193,8 @@ def train_cmd(
     try:  # builtin: a signal before the run starts writes nothing and exits as one during it (143 / 130)
         with GracefulStop() if engine == "builtin" else contextlib.nullcontext():
             _train(preset, dict(env=env, env_url=env_url, model=model, out=out, steps=steps, adv=adv,
-                                allocator=allocator, trust=trust, distill_coef=distill_coef, seed=seed, device=device,
+                                allocator=allocator, hybrid=hybrid, trust=trust, distill_coef=distill_coef, seed=seed,
+                                device=device,
                                 eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
                                 sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
                                 weights_only=weights_only, report_to=report_to, policy=policy, lora=lora,
@@ -229,7 +233,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         model = read_adapter_meta(init).get("base_model") if is_adapter_dir(init) else None
     cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=model,
                                      out_dir=None if out is None else str(out), total_steps=o["steps"],
-                                     adv_estimator=o["adv"], allocator=o["allocator"], trust=o["trust"],
+                                     adv_estimator=o["adv"], allocator=o["allocator"], hybrid=o["hybrid"],
+                                     trust=o["trust"],
                                      distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
                                      eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
@@ -262,6 +267,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
                                highlight=False, soft_wrap=True)
         return
+    if engine != "builtin" and cfg.hybrid != "none":
+        raise ValueError(f"--hybrid {cfg.hybrid} runs on the builtin engine only; drop --engine {engine}")
     if engine != "builtin" and (cfg.trust_eta, cfg.influence_eta) != (0.4, 0.5):
         raise ValueError(f"trust_eta/influence_eta other than 0.4/0.5 are set on the builtin engine only; "
                          f"drop --engine {engine} or the eta overrides")

@@ -15,6 +15,9 @@ Per token ``t`` of an actor mini-batch ``B`` (valid response tokens only), the l
 * ``l_KD_t = sg(teacher_logp_t) - logp_t`` and ``c_t`` the allocator's coefficient
   (SPEC 3-5), detached; with ``lambda / |B|`` in front this is exactly the paper's
   allocation objective (Eq. allocation_form).
+* The hybrid baselines (:mod:`.hybrid`, ``allocator='none'``): RLSD gives the surrogate
+  token advantages ``A_t`` made from the step's teacher and old log-probs; Skill-SD adds
+  ``sdl_coef * sdl_t`` to the bracket.
 
 ``1/|B|`` is the token count of the whole mini-batch, so gradient accumulation over
 micro-batches reproduces a single big-batch token mean exactly (verl averages per
@@ -77,6 +80,7 @@ from torch import Tensor
 
 from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.grads.sketch import GradientSketcher, SketchResult
+from icsd_audit.train.hybrid import Hybrid
 from icsd_audit.train.losses import token_losses
 from icsd_audit.train.logprobs import autocast_for, pack, response_logprobs, score_rows, split_rows
 from icsd_audit.train.memory import OptimizerSpill, checkpointed_blocks, mapped_large_allocations
@@ -219,11 +223,15 @@ class Actor:
                  pad_id: int, device: torch.device, precision: str = "float32",
                  sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
                  teacher_rescore: bool = False, pg_coef: float = 1.0, recompute_activations: bool = True,
-                 spill: OptimizerSpill | None = None):
+                 spill: OptimizerSpill | None = None, hybrid: Hybrid | None = None):
         if alloc_scope not in ALLOC_SCOPES:
             raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
         self.alloc_scope, self.teacher_rescore, self.pg_coef = alloc_scope, teacher_rescore, float(pg_coef)
         self.model, self.opt, self.distill = model, optimizer, distill
+        self.hybrid = hybrid if hybrid is not None else Hybrid()  # Skill-SD / RLSD, or nothing
+        if self.hybrid.enabled and (distill.enabled or teacher_rescore):
+            raise ValueError(f"hybrid={self.hybrid.name!r} uses the step's teacher without an allocation: pass "
+                             "NoDistillation() and teacher_rescore=False")
         # optimizer state on disk between steps (None: always in memory)
         self.spill = spill if spill is not None else OptimizerSpill(optimizer, enabled=False)
         self.recompute_activations = recompute_activations  # activation checkpointing (:mod:`.memory`)
@@ -342,6 +350,11 @@ class Actor:
         traj = data.traj[rows_t][row_of_tok]
         turn = data.turn[rows_t][row_of_tok]
         teacher = self._gather(rows, data.teacher_logp) if data.teacher_logp is not None else None
+        adv_pg, hybrid_m = adv, {}
+        if self.hybrid.enabled:  # from the step's teacher and old log-probs, as SDAR's trainers
+            if teacher is None:
+                raise ValueError(f"hybrid={self.hybrid.name!r} needs the teacher's log-probs (StepData.teacher_logp)")
+            adv_pg, hybrid_m = self.hybrid.token_advantage(step, adv, old, teacher)
         if teacher is not None and self.teacher_rescore and not first:
             teacher = self._teacher_now(rows, data, timer)
         ref = self._gather(rows, data.ref_logp) if data.ref_logp is not None else None
@@ -394,7 +407,7 @@ class Actor:
             train_logp = torch.empty_like(old)
             # the gradient forward's score norms are kept where no earlier pass gave them
             want_sn = self.distill.enabled and not prepass
-            sums = dict(pg=0.0, kl=0.0, kd=0.0, aux=0.0, clipped=0.0, dual=0.0, ppo_kl=0.0, loss=0.0)
+            sums = dict(pg=0.0, kl=0.0, kd=0.0, aux=0.0, sdl=0.0, clipped=0.0, dual=0.0, ppo_kl=0.0, loss=0.0)
             off = 0
             sketcher = self.sketcher if (sketch and self.distill.enabled) else None
             sketches: list[SketchResult] = []
@@ -435,12 +448,12 @@ class Actor:
                     batch_ids[sl] = mbid
                     timer.add("allocation", time.perf_counter() - t1)
                 tl = token_losses(
-                    logp=logp, old_logp=old[sl].to(dev), advantage=adv[sl].to(dev),
+                    logp=logp, old_logp=old[sl].to(dev), advantage=adv_pg[sl].to(dev),
                     ref_logp=None if ref is None else ref[sl].to(dev),
                     teacher_logp=None if teacher is None else teacher[sl].to(dev),
                     c=None if c is None else c[sl].to(dev),
                     clip_ratio=self.clip_ratio, dual_clip=self.dual_clip, kl_coef=self.kl_coef,
-                    distill_coef=self.distill.coef, pg_coef=self.pg_coef,
+                    distill_coef=self.distill.coef, pg_coef=self.pg_coef, sdl_coef=self.hybrid.loss_coef,
                 )
                 loss = tl.total.sum() / n_tok
                 loss.backward()
@@ -450,6 +463,7 @@ class Actor:
                     sums["kl"] += float(tl.kl.sum())
                     sums["kd"] += float(tl.kd.sum())
                     sums["aux"] += float(tl.aux.sum())
+                    sums["sdl"] += float(tl.sdl.sum())
                     sums["clipped"] += float(tl.clipped.float().sum())
                     sums["dual"] += float(tl.dual_clipped.float().sum())
                     sums["ppo_kl"] += float((old[sl].to(dev) - logp).sum())
@@ -482,6 +496,9 @@ class Actor:
             "ratio_min": float(ratio_train.min()),
             "mini_batches": 1.0,
         }
+        if self.hybrid.loss_coef:
+            mm["sdl_loss"] = sums["sdl"] / n_tok  # SDAR's actor/sdl_loss (before sdl_coef)
+        mm.update(hybrid_m)
         gap = float((ratio_train - ratio_alloc).abs().max())
         # max |train ratio - allocation ratio|: 0 when the allocation saw the gradient pass's
         # numbers (pre-pass or micro-batch scope); on a skipped pre-pass, the sampler-vs-

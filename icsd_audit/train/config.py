@@ -32,7 +32,9 @@ Presets:
 (:func:`preset_for`).
 
 ``allocator="none"`` is plain GRPO/GiGPO: the distillation weight is forced to 0, the
-teacher pass is skipped and no dumps are written (there is no delta to dump).
+teacher pass is skipped and no dumps are written (there is no allocation to dump);
+with ``hybrid='rlsd'`` or ``'skill-sd'`` the teacher runs for that baseline, and still
+nothing is dumped (:mod:`icsd_audit.train.hybrid`).
 """
 
 from __future__ import annotations
@@ -223,6 +225,18 @@ class TrainConfig:
     teacher_rescore: bool = False
     """Re-score the teacher with the current weights on every mini-batch after a step's first (one extra no-grad teacher forward per mini-batch); False keeps SDAR's timing: the teacher is scored once per step with the rollout weights."""
 
+    # ------------------------------------------------------------------ hybrid distillation baselines
+    hybrid: str = "none"
+    """The paper's hybrid distillation baselines (Table 1), as SDAR's code defines them (icsd_audit.train.hybrid): 'rlsd' (turn advantages reweighted per token by the teacher-student gap, no distillation term) or 'skill-sd' (GRPO plus SDAR's K3 importance-weighted self-distillation loss); both use the privileged teacher without an allocation, so they need allocator='none' and write no dumps. 'none': off."""
+    rlsd_lambda: float = 0.5
+    """RLSD's initial mixing weight lam in A * ((1 - lam) + lam * w_t) (SDAR examples/rlsd_trainer/run_alfworld_3b.sh line 55, rlsd.rlsd_lambda; not pinned down by the paper)."""
+    rlsd_warmdown_steps: int = 100
+    """RLSD's lam decays linearly to 0 at SDAR's global step W = this (step s here is SDAR's s + 1; run_alfworld_3b.sh line 56, rlsd.warmdown_steps; SDAR's code falls back to 50)."""
+    rlsd_clip_eps: float = 0.2
+    """RLSD's token weight w_t = exp(sign(A) * (teacher_logp - old_logp)) is clipped to [1 - eps, 1 + eps] (run_alfworld_3b.sh line 57, rlsd.clip_eps)."""
+    sdl_coef: float = 0.001
+    """Skill-SD's weight of the token-mean self-distillation loss (SDAR examples/skillsd_trainer/run_alfworld_3b.sh line 55, skillsd.sdl_lambda; SDAR's code falls back to 0.1); constant, as in SDAR's actor."""
+
     # ------------------------------------------------------------------ memory (no effect on any number)
     recompute_activations: bool = True
     """Activation checkpointing in the actor's gradient pass: decoder blocks are recomputed in the backward instead of stored (same numbers bit for bit; most of the actor's activation memory saved for one more forward of the blocks)."""
@@ -270,6 +284,11 @@ class TrainConfig:
     def distill_enabled(self) -> bool:
         """Whether the run has a distillation term (allocator other than 'none')."""
         return self.allocator != _NO_ALLOCATOR
+
+    @property
+    def teacher_enabled(self) -> bool:
+        """Whether the run scores the privileged teacher (an allocator, or a hybrid baseline)."""
+        return self.distill_enabled or self.hybrid != "none"
 
     @property
     def effective_distill_coef(self) -> float:
@@ -427,9 +446,11 @@ class TrainConfig:
              f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
         need(self.student_skills in ("off", "train", "eval", "both"),
              f"student_skills={self.student_skills!r}: choose off, train, eval or both")
-        need(self.student_skills in ("off", "eval") or not self.distill_enabled,
-             f"student_skills={self.student_skills!r} with allocator={self.allocator!r} would show the teacher's "
-             "skill to the student as well; use allocator='none' (Skill-GRPO) or student_skills='off'")
+        need(self.student_skills in ("off", "eval") or not self.teacher_enabled,
+             f"student_skills={self.student_skills!r} with allocator={self.allocator!r}, hybrid={self.hybrid!r} would "
+             "show the teacher's skill to the student as well; use allocator='none' and hybrid='none' (Skill-GRPO) "
+             "or student_skills='off'")
+        p.extend(self._hybrid_problems())
         need(self.pg_coef >= 0, f"pg_coef={self.pg_coef} must be >= 0 (0: no RL loss)")
         need(self.pg_coef > 0 or self.distill_enabled,
              "pg_coef=0 with allocator='none' leaves no loss at all; pick allocator='opsd' for stand-alone OPSD")
@@ -481,6 +502,30 @@ class TrainConfig:
         if p:
             raise ConfigError(p)
         return self
+
+    def _hybrid_problems(self) -> list[str]:
+        from icsd_audit.train.hybrid import hybrid_names
+
+        if self.hybrid not in hybrid_names():
+            return [f"hybrid={self.hybrid!r}: choose one of {hybrid_names()}"]
+        p = []
+        if not 0 <= self.rlsd_lambda <= 1:
+            p.append(f"rlsd_lambda={self.rlsd_lambda} must lie in [0, 1] (SDAR's scripts: 0.5)")
+        if self.rlsd_warmdown_steps < 1:
+            p.append(f"rlsd_warmdown_steps={self.rlsd_warmdown_steps} must be >= 1 (SDAR's scripts: 100)")
+        if not 0 < self.rlsd_clip_eps < 1:
+            p.append(f"rlsd_clip_eps={self.rlsd_clip_eps} must lie in (0, 1) (SDAR's scripts: 0.2)")
+        if self.sdl_coef < 0:
+            p.append(f"sdl_coef={self.sdl_coef} must be >= 0 (SDAR's scripts: 0.001)")
+        if self.hybrid != "none":
+            if self.distill_enabled:
+                p.append(f"hybrid={self.hybrid!r} uses the teacher without an allocated distillation term (SDAR's "
+                         f"{self.hybrid} trainer has none), so allocator={self.allocator!r} cannot join it; add "
+                         "--allocator none")
+            if self.teacher_rescore:
+                p.append(f"teacher_rescore=True re-scores the teacher for an allocation; hybrid={self.hybrid!r} uses "
+                         "the step's teacher, as SDAR does: set teacher_rescore=False")
+        return p
 
     def _type_problems(self) -> list[str]:
         """Each field whose value does not have its declared type (int, float, bool, str, or None where allowed)."""

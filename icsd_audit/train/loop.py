@@ -19,9 +19,9 @@ Each step, top to bottom:
 7. **Metrics** (one JSONL record), **evaluation** on held-out instructions and
    **checkpoints**, on their schedules.
 
-Algorithm choices (advantage estimator, allocator, teacher on/off, reference on/off,
-old-log-prob source, reward shaping) are looked up once before the loop; the loop
-body only calls what was looked up.
+Algorithm choices (advantage estimator, allocator, hybrid baseline, teacher on/off,
+reference on/off, old-log-prob source, reward shaping) are looked up once before the
+loop; the loop body only calls what was looked up.
 
 **How this departs from verl-agent / SDAR** (details in docs/training.md):
 
@@ -66,6 +66,7 @@ from icsd_audit.outputs import GracefulStop, Stopped
 from icsd_audit.train.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint, set_rng_state
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
+from icsd_audit.train.hybrid import make_hybrid
 from icsd_audit.train.logprobs import score_rows, split_rows
 from icsd_audit.train.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
@@ -380,7 +381,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     estimator = get_estimator(cfg.adv_estimator)
     adv_options = ADV_OPTIONS[cfg.adv_estimator](cfg)
     distill = make_distillation(cfg)
-    bank = load_skillbank(cfg.skillbank_name) if (distill.enabled or cfg.student_skills != "off") else None
+    hybrid = make_hybrid(cfg)  # Skill-SD / RLSD (allocator 'none'): the teacher without an allocation
+    bank = load_skillbank(cfg.skillbank_name) if (cfg.teacher_enabled or cfg.student_skills != "off") else None
 
     def make_builder(student_sees_skills: bool) -> PromptBuilder:
         skill = (skill_retriever(bank, skill_mode=cfg.skill_mode, skill_match=cfg.skill_match)
@@ -389,8 +391,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
 
     builder = make_builder(cfg.student_skills in ("train", "both"))
     eval_builder = make_builder(cfg.student_skills in ("eval", "both"))
-    teacher = make_teacher(distill.enabled, model=policy, builder=builder,
-                           bank=bank if distill.enabled else None,
+    teacher = make_teacher(cfg.teacher_enabled, model=policy, builder=builder,
+                           bank=bank if cfg.teacher_enabled else None,
                            skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
                            micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
@@ -408,7 +410,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
-                  recompute_activations=cfg.recompute_activations, spill=spill)
+                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid)
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
 
     # ---- the first write: hold the run folder, then make it this run's
@@ -574,7 +576,7 @@ def _record(step: int, batch: RolloutBatch, adv_m: dict[str, float], actor_m: di
     rec.update({f"rollout/{k}": v for k, v in batch.metrics().items()})
     rec.update(adv_m)
     for k, v in actor_m.items():
-        rec[("alloc/" if k in _ALLOC_KEYS else "actor/") + k] = v
+        rec[k if k.startswith("hybrid/") else ("alloc/" if k in _ALLOC_KEYS else "actor/") + k] = v
     rec.update({f"alloc/{k}": v for k, v in step_tcm(pooled, eps=eps).items()})
     rec.update({f"teacher/{k}": v for k, v in teacher_stats.items()})
     for k, v in phases.items():

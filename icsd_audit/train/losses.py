@@ -1,7 +1,8 @@
 """The per-token terms of the actor loss (verl's conventions), kept apart from the update loop.
 
 Per token ``t`` of an actor mini-batch ``B`` the objective is
-``pg_t + kl_coef * kl_t + lambda * sg(c_t) * l_KD_t`` and the mini-batch loss is its sum
+``pg_t + kl_coef * kl_t + lambda * sg(c_t) * l_KD_t`` (plus ``sdl_coef * sdl_t`` for the
+Skill-SD baseline, :mod:`icsd_audit.train.hybrid`) and the mini-batch loss is its sum
 over valid tokens divided by ``|B|`` (:mod:`icsd_audit.train.actor` says why and how
 micro-batches accumulate).  The engine integrations (:mod:`icsd_audit.integrations`)
 check their losses against these functions.
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from icsd_audit.train.hybrid import sdl_loss
 
 __all__ = ["ppo_dual_clip_loss", "low_var_kl", "kd_loss", "TokenLosses", "token_losses"]
 
@@ -58,18 +61,27 @@ class TokenLosses:
     ratio: Tensor
     clipped: Tensor
     dual_clipped: Tensor
+    sdl: Tensor  # Skill-SD's rho * K3 (0 unless sdl_coef > 0)
 
 
 def token_losses(*, logp: Tensor, old_logp: Tensor, advantage: Tensor, ref_logp: Tensor | None,
                  teacher_logp: Tensor | None, c: Tensor | None, clip_ratio: float, dual_clip: float,
-                 kl_coef: float, distill_coef: float, pg_coef: float = 1.0) -> TokenLosses:
+                 kl_coef: float, distill_coef: float, pg_coef: float = 1.0, sdl_coef: float = 0.0) -> TokenLosses:
     """Every per-token term of the actor loss; ``None`` inputs make their term 0.
 
-    ``pg_coef`` weights the surrogate (0: no RL loss, stand-alone OPSD)."""
+    ``pg_coef`` weights the surrogate (0: no RL loss, stand-alone OPSD); ``sdl_coef`` > 0
+    adds Skill-SD's ``sdl_coef * sdl_t`` (needs ``teacher_logp``)."""
     pg, ratio, clipped, dual = ppo_dual_clip_loss(logp, old_logp, advantage, clip_ratio=clip_ratio, dual_clip=dual_clip)
     zero = torch.zeros_like(logp)
     kl = low_var_kl(logp, ref_logp) if ref_logp is not None else zero
     kd = kd_loss(logp, teacher_logp) if teacher_logp is not None else zero
     aux = distill_coef * c.detach() * kd if (c is not None and teacher_logp is not None) else zero
     total = (pg if pg_coef == 1.0 else pg_coef * pg) + kl_coef * kl + aux
-    return TokenLosses(total=total, pg=pg, kl=kl, kd=kd, aux=aux, ratio=ratio, clipped=clipped, dual_clipped=dual)
+    sdl = zero
+    if sdl_coef:
+        if teacher_logp is None:
+            raise ValueError("sdl_coef > 0 (Skill-SD) needs the teacher's log-probs")
+        sdl = sdl_loss(logp, teacher_logp, old_logp)
+        total = total + sdl_coef * sdl
+    return TokenLosses(total=total, pg=pg, kl=kl, kd=kd, aux=aux, ratio=ratio, clipped=clipped, dual_clipped=dual,
+                       sdl=sdl)
