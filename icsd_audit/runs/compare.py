@@ -51,6 +51,7 @@ SUBSET_STRATA: dict[str, tuple[str, str]] = {"searchqa": ("eval/success", "eval/
 _ORDER: dict[str, tuple[str, ...]] = {
     "allocator": ("none", "opsd", "sdar", "fisher", "sign", "influence-only", "gaussian", "permuted", "icsd"),
     "adv_estimator": ("grpo", "gigpo"),
+    "hybrid": ("skill-sd", "rlsd", "none"),
     "env": ("alfworld", "searchqa", "webshop"),
 }
 

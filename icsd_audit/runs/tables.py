@@ -1,6 +1,8 @@
 """The paper's result tables from run folders: Table 1 (main), Table 3 (Qwen3-4B ALFWorld), Table 4 (ablation).
 
-Rows are (model, advantage estimator, allocator) groups of runs; each cell is SPEC 10's
+Rows are (model, advantage estimator, allocator) groups of runs, the runs of a hybrid
+baseline (``hybrid`` in the config: Skill-SD, RLSD, trained with ``allocator='none'``)
+under their baseline's name, heading each model block as in the paper's Table 1; each cell is SPEC 10's
 mean over the group's runs of the column's evaluation metric (final evaluation, or the
 mean of the last K with ``last``), in percent, with the half-width of its 95 % percentile
 bootstrap interval over runs and the number of runs: ``72.0 ± 3.1 (3)``; a group with
@@ -50,6 +52,8 @@ _SQA = tuple(Column("searchqa", n, f"eval/subsets/{n}") for n in ("NQ", "Triv", 
 _WEB = (Column("webshop", "Score", "eval/score"), Column("webshop", "Acc.", "eval/success"))
 _ENV_TITLES = {"alfworld": "ALFWorld", "searchqa": "Search-QA", "webshop": "WebShop"}
 _ADV = {"grpo": "GRPO", "gigpo": "GiGPO"}
+#: hybrid baselines (TrainConfig.hybrid), in the paper's row order; their names never clash with an allocator's
+_HYBRID = {"skill-sd": "Skill-SD", "rlsd": "RLSD"}
 _ALLOC = {"opsd": "OPSD", "sdar": "SDAR", "icsd": "ICSD", "fisher": "Fisher magnitude", "sign": "Sign-only",
           "influence-only": "Influence only", "gaussian": "Gaussian", "permuted": "Permuted"}
 
@@ -78,7 +82,7 @@ class PaperTable:
     name: str
     caption: str
     columns: tuple[Column, ...]
-    #: (model, adv_estimator, allocator) in display order, and the row's method name.
+    #: (model, adv_estimator, allocator, or the hybrid baseline for its rows) in display order, and the row's method name.
     rows: tuple[tuple[tuple[str, str, str], str], ...]
     cells: Mapping[tuple[tuple[str, str, str], int], Cell]
     excluded: tuple[tuple[str, str], ...]
@@ -92,6 +96,8 @@ def _model_name(model: Any) -> str:
 
 def _method(adv: str, alloc: str, style: str) -> str:
     a = _ADV.get(adv, adv)
+    if alloc in _HYBRID:  # the paper's hybrid rows are GRPO-based (SDAR's scripts); name another optimizer
+        return _HYBRID[alloc] + ("" if adv == "grpo" else f" ({a})")
     if alloc == "none":
         return a
     return f"+ {_ALLOC.get(alloc, alloc)}" if style == "family" else f"{a}+{_ALLOC.get(alloc, alloc)}"
@@ -112,7 +118,7 @@ def paper_table(runs: Sequence[Run], name: str, *, last: int | None = None, n_re
         if env not in envs:
             excluded.append((r.name, f"environment {env!r} has no column in {name}"))
         else:
-            usable.append(r)
+            usable.append(_with_hybrid(r))
     cells: dict[tuple[tuple[str, str, str], int], Cell] = {}
     rows: set[tuple[str, str, str]] = set()
     for i, col in enumerate(columns):
@@ -122,7 +128,7 @@ def paper_table(runs: Sequence[Run], name: str, *, last: int | None = None, n_re
             continue
         try:
             cmp = compare_runs(members, metric=col.key, last=last, group_by=_GROUP_BY, n_resamples=n_resamples,
-                               confidence_level=confidence_level, seed=seed, allow_mixed=allow_mixed,
+                               confidence_level=confidence_level, seed=seed, allow_mixed=(*allow_mixed, "hybrid"),
                                with_pairs=False)
         except CompareError as exc:
             if "no run could be scored" in str(exc):
@@ -137,10 +143,28 @@ def paper_table(runs: Sequence[Run], name: str, *, last: int | None = None, n_re
     if not cells:
         raise CompareError(f"--table {name}: no run has an evaluation metric of this table's columns "
                            f"({', '.join(sorted({c.key for c in columns}))}); train with --eval-every N")
-    ordered = sorted(rows, key=lambda k: (_model_name(k[0]), label_order("adv_estimator", k[1]),
+    ordered = sorted(rows, key=lambda k: (_model_name(k[0]), k[2] not in _HYBRID, label_order("adv_estimator", k[1]),
+                                          list(_HYBRID).index(k[2]) if k[2] in _HYBRID else 0,
                                           label_order("allocator", k[2])))
     return PaperTable(name, caption, columns, tuple((k, _method(k[1], k[2], style)) for k in ordered), cells,
                       tuple(excluded), last)
+
+
+def _with_hybrid(run: Run) -> Run:
+    """A hybrid baseline's run as the table groups it: its ``hybrid`` name in the row's method slot.
+
+    Hybrid runs train with ``allocator='none'``; the table files them under their
+    baseline's name instead, so they are not pooled with GRPO's runs and the labels of
+    the other rows (and with them their resample streams, SPEC 10) stay those of
+    ``icsd compare --group-by model,adv_estimator,allocator``.  Their names never clash
+    with an allocator's.
+    """
+    hybrid = (run.config or {}).get("hybrid")
+    if hybrid in _HYBRID and run.config.get("allocator") == "none":  # type: ignore[union-attr]
+        from dataclasses import replace
+
+        return replace(run, config={**run.config, "allocator": hybrid})  # type: ignore[dict-item]
+    return run
 
 
 def _with_fallback(run: Run, col: Column) -> Run:
@@ -226,11 +250,12 @@ def _latex(t: PaperTable) -> str:
         if b:
             lines.append(r"\midrule")
         lines.append(rf"\multicolumn{{{n}}}{{l}}{{\emph{{{_tex(model)}}}}} \\")
-        prev_adv = None
+        prev_family = None
         for key, method in rows:
-            if prev_adv is not None and key[1] != prev_adv:
+            family = "hybrid" if key[2] in _HYBRID else key[1]
+            if prev_family is not None and family != prev_family:
                 lines.append(rf"\cmidrule(lr){{1-{n}}}")
-            prev_adv = key[1]
+            prev_family = family
             lines.append(_tex(method) + " & " + " & ".join(_fmt(t.cells.get((key, i)), latex=True)
                                                          for i in range(len(t.columns))) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_tex(t.caption)}. {_tex(_note(t))}}}",
@@ -241,7 +266,7 @@ def _latex(t: PaperTable) -> str:
 def _csv(t: PaperTable) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["table", "model", "adv_estimator", "allocator", "method", "env", "column", "key", "mean_pct",
+    w.writerow(["table", "model", "adv_estimator", "allocator", "hybrid", "method", "env", "column", "key", "mean_pct",
                 "ci_low_pct", "ci_high_pct", "half_width_pct", "n_runs"])
     for key, method in t.rows:
         for i, c in enumerate(t.columns):
@@ -252,7 +277,8 @@ def _csv(t: PaperTable) -> str:
             def f(x: float) -> str:
                 return "" if not math.isfinite(x) else repr(round(x, 10))
 
-            w.writerow([t.name, key[0], key[1], key[2], method, c.env, c.name, c.key, f(cell.mean), f(cell.ci_low),
+            hybrid = key[2] if key[2] in _HYBRID else "none"
+            w.writerow([t.name, key[0], key[1], "none" if key[2] in _HYBRID else key[2], hybrid, method, c.env, c.name, c.key, f(cell.mean), f(cell.ci_low),
                         f(cell.ci_high), f(cell.half_width), cell.n_runs])
     return buf.getvalue()
 

@@ -99,3 +99,35 @@ def test_cli_table_latex(paper_runs):
                           "--format", "latex", "--resamples", "200"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("% \\usepackage{booktabs}") and res.stdout.rstrip().endswith(r"\end{table*}")
+
+
+def test_table_1_hybrid_rows_head_each_model_block(paper_runs, tmp_path):
+    """Skill-SD and RLSD runs (allocator none, hybrid set) get their own rows above GRPO's, as in the paper; the
+    other rows keep the cells of a table without them."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(paper_runs, root)
+    for env in ("alfworld", "searchqa", "webshop"):
+        for hybrid, x in (("rlsd", 0.2), ("skill-sd", 0.3)):
+            for seed in range(2):
+                write_run(root / f"{env}-{hybrid}-{seed}", [eval_record(env, x + 0.01 * seed)], env=env,
+                          adv_estimator="grpo", allocator="none", hybrid=hybrid, seed=seed,
+                          model="/models/Qwen2.5-1.5B-Instruct")
+    before = paper_table(load_runs([paper_runs])[0], "paper-1", n_resamples=500)
+    t = paper_table(load_runs([root])[0], "paper-1", n_resamples=500)
+    assert [m for _, m in t.rows] == ["Skill-SD", "RLSD", "GRPO", "+ SDAR", "+ ICSD", "GiGPO", "+ ICSD"]
+    model = "/models/Qwen2.5-1.5B-Instruct"
+    rlsd = t.cells[((model, "grpo", "rlsd"), 16)]  # WebShop Acc.: 0.7 + 0.2 + 0.01 * seed, seeds 0, 1
+    assert rlsd.mean == pytest.approx(100 * np.mean([0.9, 0.91])) and rlsd.n_runs == 2
+    grpo = ((model, "grpo", "none"), 16)
+    assert t.cells[grpo].mean == pytest.approx(70.0) and t.cells[grpo].n_runs == 1  # not pooled with the hybrids
+    icsd = ((model, "grpo", "icsd"), 0)
+    assert t.cells[icsd] == before.cells[icsd]
+    tex = render_table(t, "latex").splitlines()
+    i = next(k for k, line in enumerate(tex) if line.startswith("RLSD &"))
+    assert tex[i - 1].startswith("Skill-SD &") and tex[i + 1] == r"\cmidrule(lr){1-18}" and tex[i + 2].startswith("GRPO &")
+    rows = list(csv.DictReader(io.StringIO(render_table(t, "csv"))))
+    hyb = next(r for r in rows if r["method"] == "Skill-SD" and r["column"] == "Pick")
+    assert (hyb["allocator"], hyb["hybrid"], hyb["adv_estimator"]) == ("none", "skill-sd", "grpo")
+    assert {r["hybrid"] for r in rows if r["method"] == "+ ICSD"} == {"none"}
