@@ -1,4 +1,4 @@
-"""Regenerate the PNGs of docs/figures.md from synthetic data (a few seconds on one core).
+"""Regenerate the PNGs of docs/figures.md from synthetic data (docs/figures.md gives its time and memory).
 
 Why a script: the gallery must be reproducible and honest about its source.  The
 sign-region, landscape and share-shift figures come straight from the shipped

@@ -189,7 +189,7 @@ def test_alignment_flows_means_and_gains() -> None:
     res = fx.gradcos_summary(perm=True)
     fig = drawn(alignment_figure(res))
     assert len(fig.axes) == 3
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["means", "batch 0", "batch 4"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["means", "0", "1", "2", "3", "4"]  # every row
     for gid, key in (("cos-base-a", "base"), ("cos-compare-a", "compare"), ("cos-base-b", "base"), ("cos-perm-b", "perm")):
         (line,) = by_gid(fig, gid)
         np.testing.assert_array_equal(line.get_xdata(), fx.COS[key])
@@ -337,14 +337,16 @@ def test_short_run_dynamics_has_integer_ticks_and_says_the_window_is_longer() ->
     q = fx.quadrants_result()
     fig = drawn(dynamics_figure(fx.GroupedResult("step", (0, 1), (q, q)), region="pos_delta_neg_adv", window=5))
     ticks = [t for t in fig.axes[-1].get_xticks() if -0.5 <= t <= 1.5]
-    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # was 0.0, 0.2, ... 1.0
+    assert ticks == [0, 1], ticks  # was 0.0, 0.2, ... 1.0
     title = fig.axes[0].get_legend().get_title().get_text()
-    assert "longer than the 2-step run; every mean covers the whole run" in title
+    assert title == "per step (2 steps: too few for a 5-step mean)"
+    assert not by_gid(fig, "mean-compare")  # no flat 'mean' line over a run shorter than the window
 
 
 def test_window_caption_by_run_length() -> None:
     from icsd_audit.report.figures.dynamics import window_caption
 
     assert window_caption(np.arange(10.0), 5) == "pale: per step; dark: centred 5-step mean"
-    assert window_caption(np.arange(4.0), 5).endswith("(longer than the 4-step run)")
-    assert window_caption(np.arange(3.0), 5).endswith("(longer than the 3-step run; every mean covers the whole run)")
+    assert window_caption(np.arange(5.0), 5) == "pale: per step; dark: centred 5-step mean"
+    assert window_caption(np.arange(4.0), 5) == "per step (4 steps: too few for a 5-step mean)"
+    assert window_caption(np.arange(1.0), 5) == "per step (1 step: too few for a 5-step mean)"

@@ -63,8 +63,10 @@ def alignment_figure(result: Any, ax: Axes | Sequence[Axes] | None = None, *, ga
     n = n_flow + (1 if has_gains else 0)
     with paper_style():
         if ax is None:
-            fig = new_figure(COLUMN_WIDTH, min(2.2 + 0.06 * base.size, 6.5) + (0.9 if has_gains else 0.0))
-            gs = fig.add_gridspec(2 if has_gains else 1, n_flow, height_ratios=[3.2, 1.0] if has_gains else None)
+            # a row per batch, each labelled: at least _ROW inches apart so their labels never touch
+            flow_h, gains_h = 1.7 + _ROW * base.size, 1.0
+            fig = new_figure(COLUMN_WIDTH, flow_h + (gains_h if has_gains else 0.0))
+            gs = fig.add_gridspec(2 if has_gains else 1, n_flow, height_ratios=[flow_h, gains_h] if has_gains else None)
             axes = [fig.add_subplot(gs[0, 0])]
             if n_flow == 2:
                 axes.append(fig.add_subplot(gs[0, 1], sharex=axes[0], sharey=axes[0]))
@@ -74,13 +76,16 @@ def alignment_figure(result: Any, ax: Axes | Sequence[Axes] | None = None, *, ga
             fig, axes = resolve_axes(ax, n, width=COLUMN_WIDTH, height=3.0)
         y = np.arange(base.size, dtype=float)[::-1]  # first batch on top
         ids = getattr(result, "batch_ids", None)
-        ends = (ids[0], ids[-1]) if ids is not None and len(ids) == base.size else (1, base.size)
+        labels = [str(b) for b in ids] if ids is not None and len(ids) == base.size else \
+            [str(k) for k in range(1, base.size + 1)]
         _flow(axes[0], y, base, comp, BASE_COLOR, COMPARE_COLOR, "base", "compare", "a",
-              getattr(result, "mean_base", None), getattr(result, "mean_compare", None), bname, cname, ends)
+              getattr(result, "mean_base", None), getattr(result, "mean_compare", None), bname, cname, labels)
         axes[0].set_title(f"(a) {bname} \u2192 {cname}", loc="left")
         if perm is not None:
             _flow(axes[1], y, base, perm, BASE_COLOR, PERMUTED_COLOR, "base", "perm", "b",
-                  getattr(result, "mean_base", None), getattr(result, "mean_perm", None), bname, f"{cname} permuted", ends)
+                  getattr(result, "mean_base", None), getattr(result, "mean_perm", None), bname, f"{cname} permuted",
+                  labels)
+            axes[1].set_ylabel("")
             axes[1].set_title(f"(b) {bname} \u2192 permuted {cname}", loc="left")
             axes[1].tick_params(labelleft=False)
         if has_gains:
@@ -96,7 +101,7 @@ def alignment_figure(result: Any, ax: Axes | Sequence[Axes] | None = None, *, ga
 
 
 def _flow(ax: Axes, y: np.ndarray, left: np.ndarray, right: np.ndarray, lc: str, rc: str, lname: str, rname: str,
-          panel: str, lmean: Any, rmean: Any, llabel: str, rlabel: str, ends: tuple[Any, Any]) -> None:
+          panel: str, lmean: Any, rmean: Any, llabel: str, rlabel: str, labels: Sequence[str]) -> None:
     for yi, a, b in zip(y, left, right):
         ax.annotate("", xy=(b, yi), xytext=(a, yi),
                     arrowprops=dict(arrowstyle="-|>", color=NEUTRAL_COLOR, lw=0.6, mutation_scale=5,
@@ -114,9 +119,9 @@ def _flow(ax: Axes, y: np.ndarray, left: np.ndarray, right: np.ndarray, lc: str,
         for artist in eb.lines[2]:
             artist.set_gid(f"mean-{name}-{panel}")
     ax.axhline(-0.6, color="#CCCCCC", linewidth=0.4)
-    ticks = [sum(_MEAN_Y) / 2] + ([y[0], y[-1]] if y.size > 1 else [y[0]])
-    labels = ["means"] + ([f"batch {ends[0]}", f"batch {ends[1]}"] if y.size > 1 else [f"batch {ends[0]}"])
-    ax.set_yticks(ticks, labels)
+    # every batch row labelled with its batch id (the first on top), the two mean rows as one
+    ax.set_yticks([sum(_MEAN_Y) / 2, *y], ["means", *labels], fontsize=6 if y.size > 12 else None)
+    ax.set_ylabel("batch")
     ax.set_ylim(_MEAN_Y[1] - 0.7, y.max() + 0.8)
     ax.set_xlabel("cosine with the\nRL gradient")
     ax.xaxis.grid(True, linewidth=0.3, color="#DDDDDD", zorder=0)
@@ -124,6 +129,8 @@ def _flow(ax: Axes, y: np.ndarray, left: np.ndarray, right: np.ndarray, lc: str,
 
 
 _MEAN_Y = (-1.3, -2.2)
+#: inches per batch row: 6-7 pt labels need about 0.1 in
+_ROW = 0.13
 
 
 def _forest(ax: Axes, result: Any, cname: str, panel: str) -> None:

@@ -56,6 +56,10 @@ def dynamics_figure(
 ) -> Figure:
     """Per-step values (pale) and centred ``window``-step means (dark), base vs compare.
 
+    A run shorter than ``window`` steps gets its per-step values only (a mean over
+    the whole run would be one flat line), drawn with markers as for any run of up
+    to 12 evenly spread steps, which also get a tick each.
+
     ``result``: a :class:`icsd_audit.stats.api.GroupedResult` grouped by step (numeric
     ``keys``) whose ``results`` have ``base``/``compare``/``diff`` BootstrapResults
     (a TCMResult), or QuadrantsResults with ``region`` naming the region to draw.
@@ -71,15 +75,25 @@ def dynamics_figure(
     items = [_pick(result.results[i], region) for i in order]
     first = result.results[0]
     names = {"base": getattr(first, "base_name", "sdar"), "compare": getattr(first, "compare_name", "icsd")}
+    span = int(steps.max() - steps.min()) + 1
+    smooth = window <= span  # a centred mean over a run shorter than its window is one flat line: draw the points
+    few = steps.size <= 12  # few points: markers, every step its own tick
+    # ... unless the steps bunch up (0-10 and 1000): their own ticks would run together
+    few = few and (steps.size < 2 or 12 * np.diff(steps).min() >= steps[-1] - steps[0])
     with paper_style():
         fig, axes = resolve_axes(ax, 2 if show_diff else 1, width=COLUMN_WIDTH, height=3.2 if show_diff else 2.1,
                                  layout=(2, 1) if show_diff else None, sharex=True)
         main = axes[0]
+        mark = dict(marker="o", markersize=3) if few else {}
         for side, color in (("base", BASE_COLOR), ("compare", COMPARE_COLOR)):
             y = np.array([100.0 * getattr(r, side).estimate for r in items])
-            main.plot(steps, y, color=color, alpha=0.35, linewidth=0.7, gid=f"step-{side}")
-            main.plot(steps, centered_mean(steps, y, window), color=color, linewidth=1.5,
-                      label=display_name(names[side]), gid=f"mean-{side}")
+            label = display_name(names[side])
+            if smooth:
+                main.plot(steps, y, color=color, alpha=0.35, linewidth=0.7, gid=f"step-{side}", **mark)
+                main.plot(steps, centered_mean(steps, y, window), color=color, linewidth=1.5, label=label,
+                          gid=f"mean-{side}")
+            else:
+                main.plot(steps, y, color=color, linewidth=1.2, label=label, gid=f"step-{side}", **mark)
         main.set_ylabel(ylabel or ("trusted mass on $\\hat{A}<0$ (%)" if region is None else f"{region} share (%)"))
         main.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title_fontsize=6, borderaxespad=0.2,
                     title=window_caption(steps, window))
@@ -91,26 +105,34 @@ def dynamics_figure(
             d = np.array([100.0 * r.diff.estimate for r in items])
             lo = np.array([100.0 * r.diff.ci_low for r in items])
             hi = np.array([100.0 * r.diff.ci_high for r in items])
-            band = low.fill_between(steps, lo, hi, color=DIFF_COLOR, alpha=0.2, linewidth=0)
-            band.set_gid("diff-ci")
-            low.plot(steps, d, color=DIFF_COLOR, alpha=0.45, linewidth=0.7, gid="diff-step")
-            low.plot(steps, centered_mean(steps, d, window), color=DIFF_COLOR, linewidth=1.5, gid="diff-mean")
+            if steps.size == 1:  # no band through one point: its interval as an error bar
+                eb = low.errorbar(steps, d, yerr=np.vstack([np.maximum(d - lo, 0), np.maximum(hi - d, 0)]),
+                                  fmt="o", color=DIFF_COLOR, markersize=3, elinewidth=0.9, capsize=2)
+                eb.lines[0].set_gid("diff-step")
+                for artist in eb.lines[2]:
+                    artist.set_gid("diff-ci")
+            else:
+                band = low.fill_between(steps, lo, hi, color=DIFF_COLOR, alpha=0.2, linewidth=0)
+                band.set_gid("diff-ci")
+                low.plot(steps, d, color=DIFF_COLOR, alpha=0.45 if smooth else 1.0, linewidth=0.7, gid="diff-step",
+                         **mark)
+            if smooth:
+                low.plot(steps, centered_mean(steps, d, window), color=DIFF_COLOR, linewidth=1.5, gid="diff-mean")
             low.axhline(0.0, color="black", linewidth=0.6)
             low.set_ylabel(f"{display_name(names['compare'])} \u2212 {display_name(names['base'])} (pp)")
             low.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
         axes[-1].set_xlabel("training step")
-        # steps are integers: ticks only there (a 2-step run got 0.0, 0.2, ... 1.0)
-        axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-        if steps.size == 1:
-            axes[-1].set_xticks(steps, [f"{int(steps[0])}"])
+        if few:  # every step its own tick, the points off the frame's edges
+            axes[-1].set_xticks(steps, [f"{int(s)}" for s in steps])
+            axes[-1].set_xlim(steps.min() - 0.5, steps.max() + 0.5)
+        else:  # steps are integers: ticks only there (a 2-step run got 0.0, 0.2, ... 1.0)
+            axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     return fig
 
 
 def window_caption(steps: np.ndarray, window: int) -> str:
-    """The legend title; says so when the smoothing window spans the whole (short) run."""
+    """The legend title: what pale and dark lines are, or that a run shorter than the window shows its points."""
     span = int(steps.max() - steps.min()) + 1 if steps.size else 0
-    text = f"pale: per step; dark: centred {window}-step mean"
     if window <= span:
-        return text
-    whole = "; every mean covers the whole run" if window // 2 >= span - 1 else ""
-    return f"{text} (longer than the {span}-step run{whole})"
+        return f"pale: per step; dark: centred {window}-step mean"
+    return f"per step ({span} step{'s' if span != 1 else ''}: too few for a {window}-step mean)"

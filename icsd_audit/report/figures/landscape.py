@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.transforms import blended_transform_factory
 
 from icsd_audit.report.figures.style import COLUMN_WIDTH, DENSITY_COLOR, LANDSCAPE_CMAP, TEXT_WIDTH, display_name, paper_style, resolve_axes
 
@@ -128,8 +129,9 @@ def landscape_figure(
             # two lines with an environment: a long env name must not run into the colour bar
             label = display_name(name) if grid.env is None else f"{grid.env}\n{display_name(name)}"
             axis.set_title(f"({_PANEL[k % 26]}) {label}", loc="left")
-            if k % cols:
+            if k % cols:  # the rank axes are shared along a row: the labels of the first panel say it
                 axis.set_ylabel("")
+                axis.tick_params(labelleft=False)
             if k < n - cols:
                 axis.set_xlabel("")
         if colorbar and mesh is not None:
@@ -170,9 +172,10 @@ def _regions(ax: Axes, grid: Any, name: str, zero: dict[str, float], *, which: s
         est = getattr(r, which).estimate
         ax.add_patch(Rectangle((x0, y0), 1.0 - x0, y1 - y0, fill=False, linestyle=(0, (3, 2)), linewidth=0.7,
                                edgecolor="#B2182B", gid=f"region-{rname}-{tag}-{name}"))
-        if est == est:
-            ax.text(x0 - 0.02, (y0 + y1) / 2, f"{est:.2f}\u00d7", ha="right", va="center", fontsize=6,
-                    color="#B2182B", gid=f"region-label-{rname}-{tag}-{name}")
+        if est == est:  # beside the panel, level with its box: never over the cells or the contours
+            ax.text(1.03, (y0 + y1) / 2, f"{est:.2f}\u00d7", ha="left", va="center", fontsize=6, color="#B2182B",
+                    transform=blended_transform_factory(ax.transAxes, ax.transData), clip_on=False,
+                    gid=f"region-label-{rname}-{tag}-{name}")
 
 
 def _panel(ax: Axes, grid: Any, name: str, norm: TwoSlopeNorm, zero: dict[str, float], *, contours: bool,
