@@ -24,7 +24,7 @@ def coeffs(
     influence_eta: Optional[float] = O.INFLUENCE_ETA,
     min_group: Optional[int] = O.MIN_GROUP,
     eps: Optional[float] = O.EPS,
-    seed: Optional[int] = O.SEED,
+    seed: Optional[int] = O.SEED_ALLOCATOR,
 ) -> None:
     """Write every input column plus g, u, m, c (float64) and fallback, in input row order.
 

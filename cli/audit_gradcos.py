@@ -30,7 +30,7 @@ def gradcos(
     permutations: int = O.PERMUTATIONS,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
-    seed: Optional[int] = O.SEED,
+    seed: Optional[int] = O.SEED_PERMUTATIONS,
     blocks: int = typer.Option(8, help="Jackknife blocks for the sketch's own error (0: skip)."),
     clip_eps: float = O.CLIP_EPS,
     dual_clip: float = O.DUAL_CLIP,

@@ -37,7 +37,7 @@ def figures(
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
     trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
     influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED, resamples: int = O.RESAMPLES,
+    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
@@ -68,7 +68,7 @@ def report(
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
     trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
     influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED, resamples: int = O.RESAMPLES,
+    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a

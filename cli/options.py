@@ -59,8 +59,14 @@ MIN_GROUP = typer.Option(None, show_default=False, help="Smallest calibration gr
                          + _DEPLOYED.format("8"), callback=AT_LEAST_1)
 EPS = typer.Option(None, show_default=False, help="Allocator scale floor, turn-mass threshold and TCM zero threshold "
                    "for |u|. " + _DEPLOYED.format("1e-4"), callback=POSITIVE_FINITE)
-SEED = typer.Option(None, show_default=False, help="Seed of the bootstrap and the permutation controls (default: 0) "
-                    "and of the permuted allocator " + _DEPLOYED.format("0") + ".", callback=SEED_RANGE)
+# each command's --seed names only what that command draws: no bootstrap in coeffs, permutation controls only
+# where gradient cosines are computed
+_SEED = "Seed of {} (default: 0) and of the permuted allocator " + _DEPLOYED.format("0") + "."
+SEED = typer.Option(None, show_default=False, help=_SEED.format("the bootstrap"), callback=SEED_RANGE)
+SEED_PERMUTATIONS = typer.Option(None, "--seed", show_default=False,
+                                 help=_SEED.format("the bootstrap and the permutation controls"), callback=SEED_RANGE)
+SEED_ALLOCATOR = typer.Option(None, "--seed", show_default=False, help="Seed of the permuted allocator "
+                              + _DEPLOYED.format("0") + ".", callback=SEED_RANGE)
 RESAMPLES = typer.Option(10_000, "--resamples", help="Bootstrap resamples (count; the interval's Monte Carlo error "
                          "shrinks as 1/sqrt of it).", callback=AT_LEAST_1)
 CONFIDENCE = typer.Option(0.95, "--confidence", help="Confidence level of the percentile intervals, a fraction "

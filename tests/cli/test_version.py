@@ -91,3 +91,16 @@ def test_tcm_without_clip_options_runs() -> None:
     res = CliRunner().invoke(app, ["audit", "tcm", str(dumps), "--resamples", "50", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n_tokens"] > 0
+
+
+def _seed_help(path: tuple[str, ...]) -> str:
+    (opt,) = [p for p in COMMANDS[path].params if "--seed" in p.opts]
+    return opt.help
+
+
+@pytest.mark.parametrize("path", [p for p in sorted(COMMANDS) if p[0] == "audit" and p[1] != "verify"], ids=" ".join)
+def test_seed_help_names_only_what_the_command_draws(path: tuple[str, ...]) -> None:
+    text = _seed_help(path)
+    assert "permuted allocator" in text  # every audit command can recompute the permuted variant
+    assert ("bootstrap" in text) == (path[1] != "coeffs"), text  # coeffs resamples nothing
+    assert ("permutation controls" in text) == (path[1] in {"gradcos", "figures", "report"}), text
