@@ -17,8 +17,10 @@ rich is imported on first use only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import sys
 import time
 from typing import Any, Iterator, Mapping
 
@@ -28,9 +30,20 @@ __all__ = ["RichReporter", "routed_logs", "silence_bars", "eta_text"]
 
 
 def silence_bars() -> None:
-    """Switch off tqdm and Hugging Face progress bars for this process (call before transformers loads)."""
-    os.environ.setdefault("TQDM_DISABLE", "1")  # read when tqdm is imported (the GGUF conversion's bar)
+    """Switch off tqdm and Hugging Face progress bars for this process and its children.
+
+    tqdm reads ``TQDM_DISABLE`` once, when it is imported, and ``import torch`` imports it
+    (``torch.hub``): in a command that had imported torch before this call, the variable
+    alone left the GGUF conversion's bar on (832 characters of carriage returns in a
+    piped log).  So a tqdm already imported gets ``disable=True`` as its default here;
+    a caller that passes ``disable`` itself still decides.
+    """
+    os.environ.setdefault("TQDM_DISABLE", "1")  # this process's later import of tqdm, and child processes
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    std = sys.modules.get("tqdm.std")
+    if std is not None and os.environ["TQDM_DISABLE"] == "1" and not getattr(std.tqdm, "_icsd_silenced", False):
+        std.tqdm.__init__ = functools.partialmethod(std.tqdm.__dict__["__init__"], disable=True)
+        std.tqdm._icsd_silenced = True
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:  # no [train] extra: nothing of theirs will draw a bar

@@ -389,6 +389,7 @@ def eval_cmd(
     import json
 
     _require_train_extra("eval")
+    silence_bars()  # a first run converts the model: no GGUF bar in a log
     from icsd_audit.train.eval import evaluate_config
 
     if preset is None:
@@ -452,6 +453,7 @@ def export_cmd(
     Example: icsd export --model embedded --adapter runs/lora/checkpoints/step-000001 --out models/demo-merged
     """
     _require_train_extra("export")
+    silence_bars()  # no "Writing model shards" bar
     from icsd_audit.train.lora import export_merged
     from icsd_audit.train.models import set_threads
 

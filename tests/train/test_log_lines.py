@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -81,6 +82,21 @@ def test_third_party_bars_are_silenced() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Writing model shards" not in res.stderr and "\r" not in res.stderr
+
+
+def test_bars_stay_silenced_when_torch_imported_tqdm_first() -> None:
+    # the CLI imports torch (which imports tqdm via torch.hub) before it loads a model: the GGUF
+    # conversion's bar (transformers' tqdm.auto) was then one long line of carriage returns in a log
+    code = ("import sys, torch\nassert 'tqdm.std' in sys.modules\n"
+            "from icsd_audit.cli.progress import silence_bars; silence_bars(); silence_bars()\n"
+            "from tqdm.auto import tqdm\n"
+            "for _ in tqdm(range(50), desc='Converting and de-quantizing GGUF tensors...'): pass\n"
+            "import io\nsys.stderr.write('own bar:' + str(tqdm(range(1), disable=False, file=io.StringIO()).disable))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("TQDM_")})
+    assert res.returncode == 0, res.stderr
+    assert "Converting" not in res.stderr and "\r" not in res.stderr, res.stderr
+    assert "own bar:False" in res.stderr  # a caller that asks for its bar still gets it
 
 
 def test_piped_log_has_a_line_per_mini_batch_and_no_carriage_returns(tmp_path: Path) -> None:
