@@ -303,7 +303,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")
               + (f"; checkpoint [bold]{res.checkpoint}[/]" if res.checkpoint else ""), highlight=False, soft_wrap=True)
-    for line in what_next(cfg, res.dumps_dir):
+    for line in what_next(cfg, res.dumps_dir, res.records[-1] if res.records else None):
         con.print(line, highlight=False, soft_wrap=True)
 
 
@@ -316,14 +316,21 @@ SUCCESS = {
 }
 
 
-def what_next(cfg: Any, dumps: Optional[Path]) -> list[str]:
-    """The run's last lines: what success means on this configuration, and what to look at next."""
+def what_next(cfg: Any, dumps: Optional[Path], last: Optional[Mapping[str, Any]] = None) -> list[str]:
+    """The run's last lines: what success means on this configuration, why it is 0 when the last
+    step (``last``, its metrics record) won nothing, and what to look at next."""
     won = SUCCESS.get(cfg.env, "was won by the environment's own rule")
     def n(k: int, word: str) -> str:
         return f"{k} {word}{'' if k == 1 else 's'}"
 
     lines = [f"success here: the share of a step's {n(cfg.n_tasks * cfg.group_size, 'episode')} ({n(cfg.n_tasks, 'task')} "
              f"x {n(cfg.group_size, 'rollout')}, at most {n(cfg.max_turns, 'turn')} each) that {won}."]
+    invalid = (last or {}).get("rollout/invalid_rate")
+    if last is not None and last.get("rollout/success") == 0 and invalid is not None:
+        # a newcomer reads "success 0.00" as a broken run: say why, and that the run is for the mechanism
+        lines.append(f"why success is 0: in the last step {100 * invalid:.0f} % of the replies were not a valid action, "
+                     f"and an episode has at most {n(cfg.max_turns, 'turn')} to finish its task; a run this small "
+                     "shows where the distillation mass goes, not learning.")
     if dumps is not None:
         report = Path(cfg.out_dir) / "report"
         lines.append(f"what to look at: icsd audit report {dumps} --out {report} (report.html: where the distillation "

@@ -115,9 +115,31 @@ def test_piped_log_has_a_line_per_mini_batch_and_no_carriage_returns(tmp_path: P
         for k in (1, 2, 3):  # 3 episodes x 1 turn = 3 rows, one per mini-batch
             pat = rf"{CLOCK} step {step} actor update: mini-batch {k}/3 \(\d+\.\d s\)"
             assert sum(bool(re.fullmatch(pat, ln)) for ln in lines) == 1, (pat, lines)
-    assert lines[-3].startswith("done: steps 0..1; metrics ")
-    assert lines[-2] == ("success here: the share of a step's 3 episodes (1 task x 3 rollouts, at most 1 turn each) "
+    assert lines[-4].startswith("done: steps 0..1; metrics ")
+    assert lines[-3] == ("success here: the share of a step's 3 episodes (1 task x 3 rollouts, at most 1 turn each) "
                          "that bought a product that matches every requested attribute and option within the price "
                          "limit (reward 1; score is the reward's partial credit, 0 to 1).")
+    import json
+
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["rollout/success"] == 0  # a random tiny model wins nothing: the run says why
+    assert lines[-2] == (f"why success is 0: in the last step {100 * last['rollout/invalid_rate']:.0f} % of the replies "
+                         "were not a valid action, and an episode has at most 1 turn to finish its task; a run this "
+                         "small shows where the distillation mass goes, not learning.")
     assert lines[-1].startswith(f"what to look at: icsd audit report {tmp_path / 'run' / 'dumps'} --out "
                                 f"{tmp_path / 'run' / 'report'} ")
+
+
+def test_why_success_is_zero_only_when_it_is() -> None:
+    from types import SimpleNamespace
+
+    from icsd_audit.cli.train import what_next
+
+    cfg = SimpleNamespace(env="alfworld", n_tasks=2, group_size=4, max_turns=3, out_dir="run")
+    assert len(what_next(cfg, None)) == 1  # no record (a run that never stepped): nothing to explain
+    assert len(what_next(cfg, None, {"rollout/success": 0.125, "rollout/invalid_rate": 0.5})) == 1
+    lines = what_next(cfg, Path("run/dumps"), {"rollout/success": 0.0, "rollout/invalid_rate": 0.8125})
+    assert lines[0].endswith("(2 tasks x 4 rollouts, at most 3 turns each) that completed its household task.")
+    assert lines[1].startswith("why success is 0: in the last step 81 % of the replies were not a valid action, and an "
+                               "episode has at most 3 turns to finish its task;")
+    assert lines[2].startswith("what to look at: icsd audit report run/dumps --out run/report ")
