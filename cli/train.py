@@ -190,8 +190,8 @@ def train_cmd(
 
     from icsd_audit.outputs import GracefulStop, Stopped
 
-    try:  # builtin: a signal before the run starts writes nothing and exits as one during it (143 / 130)
-        with GracefulStop() if engine == "builtin" else contextlib.nullcontext():
+    try:  # builtin, trl: a signal before the run starts writes nothing and exits as one during it (143 / 130)
+        with GracefulStop() if engine in ("builtin", "trl") else contextlib.nullcontext():
             _train(preset, dict(env=env, env_url=env_url, model=model, out=out, steps=steps, adv=adv,
                                 allocator=allocator, hybrid=hybrid, trust=trust, distill_coef=distill_coef, seed=seed,
                                 device=device,
@@ -284,16 +284,14 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
             stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
                                    f"in {path.parent})", highlight=False, soft_wrap=True)
         else:
-            if resume or resume_from is not None:
-                raise ValueError("--resume is not available on --engine trl (it has no resumable state); "
-                                 "start a new run with --out elsewhere or --overwrite")
             if log_lines:
                 from transformers.utils import logging as hf_logging
 
                 hf_logging.disable_progress_bar()
             adv_explicit = o["adv"] is not None or any(item.strip().startswith("adv_estimator=") for item in set_)
             eng.run_trl(cfg, reporter=PrintReporter() if log_lines else _RichReporter(), adv_explicit=adv_explicit,
-                        overwrite=overwrite)
+                        overwrite=overwrite,
+                        resume=resume_from if resume_from is not None else (True if resume else None))
         return
     reporter = PrintReporter() if log_lines else _RichReporter()
     with routed_logs(reporter), reporter.keepalive():

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from icsd_audit.integrations.verl_env import AGENT_LOOP_NAME as AGENT_LOOP
+from icsd_audit.outputs import GracefulStop, Stopped
 
-__all__ = ["ENGINES", "AGENT_LOOP", "EngineUnavailable", "verl_overrides", "write_verl_command", "prepare_verl",
-           "run_verl", "run_trl"]
+__all__ = ["ENGINES", "AGENT_LOOP", "EngineUnavailable", "CommandStopped", "verl_overrides", "write_verl_command",
+           "prepare_verl", "run_command", "run_verl", "run_trl"]
 
 ENGINES = ("builtin", "trl", "verl")
 
@@ -95,6 +96,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         "trainer.use_v1=true", "trainer.v1.trainer_mode=icsd_sync",
         f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nnodes}",
         f"trainer.total_training_steps={cfg.total_steps}", f"trainer.default_local_dir={out}/checkpoints",
+        "trainer.resume_mode=auto",  # running the command again continues from verl's newest checkpoint there
         f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
         f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
         f"trainer.experiment_name={out.name}",
@@ -213,12 +215,61 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, over
 
         manifest = RunManifest(cfg.out_dir, config=cfg.to_dict(), engine="verl", seed=cfg.seed,
                                total_steps=cfg.total_steps).start()
-        rc = subprocess.run(["bash", str(path)]).returncode
+        try:
+            rc = run_command(path)
+        except CommandStopped as exc:
+            manifest.finish(f"stopped by {exc.signal_name}")
+            raise
         if rc != 0:
             raise EngineUnavailable(f"{path} exited with code {rc} (verl's output is above)")
         manifest.step(cfg.total_steps)  # verl returned success: every step ran (it logs them itself)
         manifest.finish()
     return path
+
+
+class CommandStopped(Stopped):
+    """A written engine command (``verl_command.sh``) stopped by SIGTERM or SIGINT sent to ``icsd train``."""
+
+    def __init__(self, signum: int, *, command: Path):
+        self.command = command
+        super().__init__(signum)
+        self.args = (self.line(),)
+
+    def line(self, resume_command: str | None = None) -> str:
+        return (f"stopped by {self.signal_name}: verl got the signal and has exited; its checkpoints are in "
+                f"{self.command.parent / 'checkpoints'}; continue with: bash {self.command} (trainer.resume_mode=auto "
+                "continues from verl's newest checkpoint there)")
+
+
+def run_command(path: Path) -> int:
+    """Run ``bash path`` and return its exit code; SIGTERM / SIGINT to this process reach the command.
+
+    The command runs in its own process group (verl's driver, Ray and the workers it starts
+    from the shell). A first signal is passed to that group and the command is waited for,
+    so nothing of it writes into the run folder after this process lets the folder go; a
+    second signal kills the group. Then :class:`CommandStopped` (exit code 143 / 130).
+    """
+    import os
+    import signal
+
+    def tell(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    with GracefulStop():
+        proc = subprocess.Popen(["bash", str(path)], start_new_session=True)
+        try:
+            return proc.wait()
+        except Stopped as exc:
+            tell(exc.signum)
+            try:
+                proc.wait()
+            except Stopped:  # the user insists
+                tell(signal.SIGKILL)
+                proc.wait()
+            raise CommandStopped(exc.signum, command=path) from None
 
 
 #: the one line ``icsd train --engine trl`` prints when it replaces the preset's GiGPO
@@ -253,20 +304,28 @@ def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
 
 
 def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv_explicit: bool = False,
-            overwrite: bool = False) -> Path:
+            overwrite: bool = False, resume: str | Path | bool | None = None) -> Path:
     """Train ``cfg`` with ``ICSDGRPOTrainer`` on whole episodes (:mod:`.trl_rollout`) into the run folder.
 
     Checks in this order, before anything is written: TRL installed; the estimator (TRL runs
     GRPO: a preset's ``gigpo`` becomes ``grpo`` with one line on stderr, an explicit
-    ``adv_explicit`` one stops with one line); the run folder (one run per folder,
-    ``overwrite`` moves an old run aside, as the built-in loop). Then, holding the folder:
+    ``adv_explicit`` one stops with one line); the run folder and the checkpoint a ``resume``
+    continues from (:func:`~icsd_audit.train.resume.plan_run`, the built-in loop's rules:
+    one run per folder, ``overwrite`` moves an old run aside). Then, holding the folder's lock:
     ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``dumps/`` as the built-in loop
-    writes them, with its progress lines on ``reporter`` (:mod:`.trl_run`). Returns the run folder.
+    writes them, each step committed whole, with its progress lines on ``reporter``
+    (:mod:`.trl_run`). ``resume`` (``True``: the newest complete checkpoint; or a checkpoint
+    folder) continues a run: the steps after the checkpoint are redone, their dumps and
+    metrics replaced. SIGTERM and SIGINT stop it as they stop the built-in loop: the step in
+    progress publishes nothing and :class:`~icsd_audit.train.resume.TrainingStopped` (exit
+    code 143 / 130) says what is complete and how to continue. Returns the run folder.
     """
+    import contextlib
     import importlib.util
 
+    from icsd_audit.train.checkpoint import latest_checkpoint
     from icsd_audit.train.metrics import NullReporter
-    from icsd_audit.train.rundir import check_run_folder, open_run_folder
+    from icsd_audit.train.resume import Progress, TrainingStopped, plan_run
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
@@ -278,14 +337,30 @@ def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv
         print(TRL_GRPO_LINE.format(est=cfg.adv_estimator), file=sys.stderr)
         cfg = cfg.replace(adv_estimator="grpo")
     reporter = reporter if reporter is not None else NullReporter()
-    check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
-    with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
-        cfg.save(Path(cfg.out_dir) / "config.json")
-        _train_trl(cfg, steps=max_steps or cfg.total_steps, reporter=reporter)
+    plan = plan_run(cfg, resume=resume, overwrite=overwrite)
+    if plan.state is not None and plan.state.get("engine") != "trl":
+        raise EngineUnavailable(f"--resume: {plan.checkpoint} was not written by --engine trl (its optimizer and "
+                                "schedule state do not fit TRL's); continue it with the engine that wrote it")
+    steps = max_steps or cfg.total_steps
+    if plan.start >= steps:
+        reporter.message(f"--resume: steps 0..{plan.start - 1} in {plan.out} are complete; nothing to run "
+                         f"(--steps {steps}): pass a larger --steps to continue")
+        return Path(cfg.out_dir)
+    progress = Progress(done=plan.start)
+    with GracefulStop() as stop, contextlib.ExitStack() as hold:
+        try:
+            _train_trl(cfg, plan, steps=steps, reporter=reporter, overwrite=overwrite,
+                       stop=stop, hold=hold, progress=progress)
+        except Stopped as exc:
+            reporter.finish()
+            raise TrainingStopped(exc.signum, out=plan.out, started=progress.started, step=progress.step,
+                                  first=plan.start, done=progress.done,
+                                  checkpoint=latest_checkpoint(plan.out) if progress.started else None) from None
     return Path(cfg.out_dir)
 
 
-def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
+def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: bool, stop: Any, hold: Any,
+               progress: Any) -> None:
     import os
 
     import datasets
@@ -297,11 +372,12 @@ def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
     from icsd_audit.runs.trackers import hf_report_to
     from icsd_audit.train.loop import _default_env_factory, draw_tasks, load_policy, resolve_precision
     from icsd_audit.train.models import resolve_device, set_threads
+    from icsd_audit.train.rundir import drop_steps_from, open_run_folder
     from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
     from icsd_audit.train.skills import load_skillbank
     from icsd_audit.train.teacher import skill_retriever
 
-    out = Path(cfg.out_dir)
+    out, start = Path(cfg.out_dir), plan.start
     set_threads(cfg.threads)  # as the built-in loop: one thread unless told (shared cores, docs/models.md)
     dev = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, dev)
@@ -314,7 +390,7 @@ def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
     # WebShop's 1900) are played as the first of them, and the dataset's task column says so.
     tasks: dict[str, int] = {}
     rows = []
-    for step in range(steps):
+    for step in range(start, steps):  # a resumed run's data loader starts at its first step
         for t in draw_tasks(cfg.seed, step, probe.num_tasks, cfg.n_tasks):
             text = builder.student_text(turn_context(probe.reset(t), cfg.env))
             rows.append({"prompt": text, "task": tasks.setdefault(text, t)})
@@ -333,21 +409,36 @@ def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
                       num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
                       max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
+                      lr_scheduler_type="constant",  # the built-in loop's AdamW has no schedule
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
                       bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,
                       report_to=hf_report_to(_report_to(cfg), out),  # TRL's own trackers log its keys
                       logging_steps=1, save_strategy="no", dataloader_num_workers=0,
                       disable_tqdm=True)  # the run's reporter prints the progress (trl_run)
+    # ---- the first write: hold the run folder, then make it this run's (the built-in loop's order)
+    moved, removed = hold.enter_context(open_run_folder(out, resume=plan.resuming, overwrite=overwrite))
+    progress.started = True
+    if moved is not None:
+        reporter.message(f"--overwrite: the run that was in {out} is now in {moved}")
+    if removed:
+        reporter.message(f"removed {len(removed)} temporary file(s) a stopped run left in {out} ({removed[0].name}, ...)")
+    if plan.resuming and plan.checkpoint is None and start == 0 and (out / "config.json").exists():
+        reporter.message(f"--resume: no complete checkpoint in {out / 'checkpoints'}; starting again at step 0")
+    with stop.critical():
+        drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
+        cfg.save(out / "config.json")
     policy: Any = model
     if cfg.kl_coef > 0 and not cfg.lora_enabled:  # TRL builds its reference from a path: hand it a copy of the policy
         policy = str(out / "trl" / "initial_policy")
-        model.save_pretrained(policy)
-        tok.save_pretrained(policy)
+        if not (start and (Path(policy) / "config.json").exists()):  # a resumed run keeps the run's initial policy
+            with stop.critical():
+                model.save_pretrained(policy)
+                tok.save_pretrained(policy)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; tested on 1.16
     common = dict(model=policy, processing_class=tok, reward_funcs=episode_reward, args=args,
                   train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout, peft_config=peft_config,
-                  callbacks=[manifest_callback(cfg, engine="trl")])  # run.json
+                  callbacks=[manifest_callback(cfg, engine="trl", start_step=start)])  # run.json
     if cfg.distill_enabled:
         icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
                           trust_beta=cfg.trust_beta, min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed,
@@ -362,10 +453,44 @@ def _train_trl(cfg: Any, *, steps: int, reporter: Any) -> None:
 
     for cb in (PrinterCallback, ProgressCallback):  # TRL's raw dicts and bars: the reporter prints instead
         trainer.remove_callback(cb)
+    if plan.checkpoint is not None:
+        _load_checkpoint_weights(trainer.model, plan.checkpoint, cfg=cfg, device=dev)
+    writer = getattr(trainer, "_writer", None)
+    if writer is not None:  # a shard is written whole even when a signal arrives meanwhile
+        write = writer.write
+
+        def write_whole(**kw: Any) -> Any:
+            with stop.critical():
+                return write(**kw)
+
+        writer.write = write_whole
     folder = run_folder_callback(cfg, reporter=reporter, steps=steps,
-                                 distill_coef=cfg.effective_distill_coef if cfg.distill_enabled else 0.0)
+                                 distill_coef=cfg.effective_distill_coef if cfg.distill_enabled else 0.0,
+                                 start=start, saved=plan.state, writer=writer, trainer=trainer, stop=stop,
+                                 progress=progress)
     trainer.add_callback(folder)
-    trainer.train()
-    reporter.message(f"done: steps 0..{steps - 1}; metrics {out / 'metrics.jsonl'}"
+    try:
+        trainer.train()
+    except BaseException:
+        folder.discard()  # nothing of an unfinished step is published
+        raise
+    reporter.message(f"done: steps {start}..{steps - 1}; metrics {out / 'metrics.jsonl'}"
                      + (f"; dumps {out / 'dumps'}" if cfg.distill_enabled else "")
                      + (f"; checkpoint {folder.checkpoint}" if folder.checkpoint else ""))
+
+
+def _load_checkpoint_weights(model: Any, ckpt: Path, *, cfg: Any, device: Any) -> None:
+    """Put the policy weights of checkpoint ``ckpt`` into TRL's ``model`` (the adapter only, under LoRA).
+
+    TRL is built exactly as for a fresh run (its reference is the run's initial policy) and
+    then takes the checkpoint's weights, so a resumed run trains what the stopped one held.
+    """
+    if hasattr(model, "peft_config"):  # LoRA: the checkpoint holds the trained adapter
+        from peft import load_peft_weights, set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_peft_weights(str(ckpt), device=str(device)), adapter_name="default")
+        return
+    from icsd_audit.train.loop import load_policy
+
+    saved, _ = load_policy(str(ckpt), device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    model.load_state_dict(saved.state_dict())

@@ -12,7 +12,11 @@ Needs ``pip install 'icsd-audit[trl]'`` (tested: trl 1.16).  Per generation batc
    :func:`~icsd_audit.integrations.core.allocate_padded` in canonical order, and keeps
    each process's slice of ``c``: every process computes the same allocation, so data
    parallelism does not change it;
-4. writes one schema-v1 dump shard per generation batch from the main process;
+4. writes one schema-v1 dump shard per generation batch from the main process, its
+   ``batch_id`` the training step the batch starts (:meth:`ICSDGRPOTrainer.icsd_batch_id`),
+   so a run resumed from a checkpoint numbers its batches on from there: the steps it
+   redoes are written again under the same ids, and the reader's rule for re-written
+   batches (docs/dumps.md: the latest write counts) keeps each once;
 5. adds ``lambda/|B| * sum sg(c) (sg(T) - logp)`` to TRL's loss, with the student
    log-probs of TRL's own forward pass (no second forward).
 
@@ -119,7 +123,6 @@ class ICSDGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.icsd = icsd or ICSDConfig()
         self.teacher_prompt = teacher_prompt or (lambda ex: ex["teacher_prompt"])
-        self._icsd_batches = 0
         self._icsd_capture = False
         self._icsd_logps: torch.Tensor | None = None
         self.icsd_last: PaddedAllocation | None = None  # the last allocation (tests, debugging)
@@ -138,6 +141,20 @@ class ICSDGRPOTrainer(GRPOTrainer):
                                                  **(producer or {})},
                                        allocation=self.icsd.allocator_block(
                                            alloc_scope="mini-batch" if one_step else "global", ratio_source="fixed-1"))
+
+    def icsd_batch_id(self) -> int:
+        """The dumps' ``batch_id`` of the generation batch about to be allocated: from the training step.
+
+        One generation batch per optimizer step or fewer (TRL's default): the optimizer step
+        it starts (``state.global_step``), which a resumed run (``resume_from_checkpoint``,
+        ``icsd train --engine trl --resume``) restores, so ids never restart at 0. Several
+        per optimizer step: the micro-step's number, ``global_step * gradient_accumulation_steps
+        + i``. Either way unique within a run and the same on a redone step.
+        """
+        ga = self.args.gradient_accumulation_steps
+        if (self.args.steps_per_generation * self.num_iterations) % ga == 0:
+            return int(self.state.global_step)
+        return int(self.state.global_step) * ga + self._step % ga
 
     # ------------------------------------------------------------------ teacher pass + allocation
     def _score(self, prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
@@ -179,7 +196,8 @@ class ICSDGRPOTrainer(GRPOTrainer):
         g_stu = acc.gather(acc.pad_across_processes(student, dim=1))
         g_tea = acc.gather(acc.pad_across_processes(teacher, dim=1))
         B = g_mask.size(0)
-        traj = torch.arange(B, device=g_mask.device) + _traj_base(self._icsd_batches)
+        batch_id = self.icsd_batch_id()
+        traj = torch.arange(B, device=g_mask.device) + _traj_base(batch_id)
         # bad values stop here, naming the input and the generation batch's row, before anything is written
         gm = check_mask("completion_mask", g_mask)
         for name, x in (("advantages", g_adv), ("student log-probs", g_stu), ("teacher log-probs", g_tea)):
@@ -187,7 +205,7 @@ class ICSDGRPOTrainer(GRPOTrainer):
         delta = (g_tea - g_stu).float()
         turns = turn_ids_from_mask(g_mask.bool())
         alloc = allocate_padded(advantage=g_adv, ratio=1.0, delta=delta, response_mask=g_mask.bool(), traj_id=traj,
-                                turn_id=turns, batch_id=self._icsd_batches, **self.icsd.allocator_kwargs())
+                                turn_id=turns, batch_id=batch_id, **self.icsd.allocator_kwargs())
         lo = acc.process_index * B_local
         out["icsd_c"] = alloc.c[lo:lo + B_local, :T_local].to(student.dtype)
         out["icsd_teacher_logps"] = teacher
@@ -198,12 +216,11 @@ class ICSDGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["icsd/delta_mean"].append(float(delta[gm].mean()) if gm.any() else 0.0)
         self._metrics[mode]["icsd/fallback_share"].append(alloc.diagnostics.fallback_share)
         if self._writer is not None:
-            write_dump(self._writer, alloc, batch_id=self._icsd_batches, traj_id=traj, advantage=g_adv, ratio=1.0,
+            write_dump(self._writer, alloc, batch_id=batch_id, traj_id=traj, advantage=g_adv, ratio=1.0,
                        delta=delta, response_mask=gm,
                        extra={"logp": g_stu.float(), "teacher_logp": g_tea.float(),
                               "step": torch.full((B,), int(self.state.global_step)),
                               "row": torch.arange(B)})
-        self._icsd_batches += 1
         return out
 
     # ------------------------------------------------------------------ loss

@@ -66,14 +66,17 @@ def record_run(inner: Any, cfg: Any, *, engine: str, start_step: int = 0) -> Run
     return RunRecorder(inner, manifest, trackers)
 
 
-def manifest_callback(cfg: Any, *, engine: str) -> Any:
-    """A Hugging Face ``TrainerCallback`` keeping ``run.json`` of a trainer-driven run (TRL) up to date."""
+def manifest_callback(cfg: Any, *, engine: str, start_step: int = 0) -> Any:
+    """A Hugging Face ``TrainerCallback`` keeping ``run.json`` of a trainer-driven run (TRL) up to date.
+
+    ``start_step``: the first step of this launch (a resumed run's).
+    """
     from transformers import TrainerCallback
 
     class _Manifest(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
             self.manifest = RunManifest(Path(cfg.out_dir), config=cfg.to_dict(), engine=engine, seed=cfg.seed,
-                                        total_steps=cfg.total_steps)
+                                        total_steps=cfg.total_steps, start_step=start_step)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.manifest.start()

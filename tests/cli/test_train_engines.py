@@ -260,3 +260,145 @@ def test_trl_engine_with_lora_trains_the_adapter_and_audit_coeffs_recomputes(tmp
     warm, _, none = _trl_policy(TrainConfig(model="tiny-random", init=str(adapter)), torch.device("cpu"))
     assert none is None and {n for n, p in warm.named_parameters() if p.requires_grad} and all(
         "lora_" in n for n, p in warm.named_parameters() if p.requires_grad)
+
+
+# ----------------------------------------------------------------------------- TRL: resume and signals
+
+TRL_TINY = ["train", "--engine", "trl", "--preset", "cpu-demo", "--model", "tiny-random", "--adv", "grpo", "--plain",
+            "--set", "n_tasks=2", "--set", "group_size=2", "--set", "max_turns=2", "--set", "max_response_tokens=8",
+            "--set", "max_prompt_tokens=3000", "--set", "one_shot=false", "--set", "checkpoint_every=1"]
+
+#: the CLI with a dump writer that sends SIGTERM to its own process right after the shard of step 1 is written
+TRL_STOP = r"""
+import os, signal, sys
+from icsd_audit.dumps import writer as w
+write = w.DumpWriter.write
+def patched(self, **kw):
+    path = write(self, **kw)
+    if int(kw["batch_id"][0]) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return path
+w.DumpWriter.write = patched
+sys.argv = ["icsd", *sys.argv[1:]]
+from icsd_audit.cli.main import main
+main()
+"""
+
+
+def _tables(dumps):
+    from icsd_audit.dumps.reader import DumpReader
+
+    return {b.batch_id: b.table for b in DumpReader([dumps], columns=None)}
+
+
+def _records(run):
+    import json
+
+    return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/") and "time" not in k}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trl_straight(tmp_path_factory):
+    """An uninterrupted 3-step tiny TRL run: what a resumed or stopped-and-resumed run must reproduce."""
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
+    run = tmp_path_factory.mktemp("trl") / "straight"
+    r = _icsd(*TRL_TINY, "--steps", "3", "--out", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+@pytest.mark.engines
+def test_trl_engine_resume_numbers_dumps_by_training_step_and_reproduces_the_run(tmp_path, trl_straight):
+    run = tmp_path / "run"
+    r = _icsd(*TRL_TINY, "--steps", "2", "--out", str(run))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _icsd(*TRL_TINY, "--steps", "3", "--out", str(run), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "done: steps 2..2;" in r.stderr
+    # step ids 0..2, once each, one committed step folder each: no batch id restarted at 0
+    assert sorted(p.name for p in (run / "dumps").iterdir()) == [f"step00000{k}-r00000" for k in range(3)]
+    tables = _tables(run / "dumps")
+    assert sorted(tables) == [0, 1, 2]
+    for k, t in tables.items():
+        assert set(t.column("batch_id").to_pylist()) == {k} and set(t.column("step").to_pylist()) == {k}
+    v = _icsd("audit", "verify", str(run / "dumps"))
+    assert v.returncode == 0 and "3 batches" in v.stdout, v.stdout + v.stderr
+    c = _icsd("audit", "coeffs", str(run / "dumps"), "--out", str(tmp_path / "c.parquet"))
+    assert c.returncode == 0 and "3 batches" in c.stderr + c.stdout, c.stderr
+    # AdamW, the schedule, the step count and the RNG streams continue: the uninterrupted run, bit for bit
+    straight = _tables(trl_straight / "dumps")
+    assert sorted(straight) == [0, 1, 2] and all(straight[k].equals(tables[k]) for k in straight)
+    # (HF's epoch is the share of the launch's planned steps: the first launch planned 2)
+    drop_epoch = lambda recs: [{k: v for k, v in x.items() if k != "trl/epoch"} for x in recs]  # noqa: E731
+    assert drop_epoch(_records(run)) == drop_epoch(_records(trl_straight))
+
+
+@pytest.mark.engines
+def test_trl_engine_sigterm_mid_step_commits_nothing_of_it_and_resume_gives_the_uninterrupted_run(tmp_path,
+                                                                                                 trl_straight):
+    import os
+    import shlex
+
+    run = tmp_path / "run"
+    args = [*TRL_TINY, "--steps", "3", "--out", str(run)]
+    proc = subprocess.run([sys.executable, "-c", TRL_STOP, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGTERM during step 1; steps 0..0 are complete"), last
+    assert f"continue with: icsd {shlex.join(args + ['--resume'])} (from checkpoints/step-000000)" in last
+    # step 1's shard was staged and dropped; no temporaries, no half-written file
+    assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step000000-r00000"]
+    assert [p.name for p in run.rglob(".*")] == [".icsd-run.lock"] and not list(run.rglob("*.tmp*"))
+    assert [x["step"] for x in _records(run)] == [0]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000000"]
+    r = _icsd(*args, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    tables, straight = _tables(run / "dumps"), _tables(trl_straight / "dumps")
+    assert sorted(tables) == [0, 1, 2] and all(straight[k].equals(tables[k]) for k in straight)
+    assert _records(run) == _records(trl_straight)
+
+
+RUN_COMMAND = r"""
+import sys
+from pathlib import Path
+from icsd_audit.integrations.engines import CommandStopped, run_command
+try:
+    run_command(Path(sys.argv[1]))
+except CommandStopped as exc:
+    print(exc.line(), file=sys.stderr)
+    sys.exit(exc.exit_code)
+"""
+
+
+@pytest.mark.parametrize("signum, code, body", [
+    ("SIGTERM", 143, "sleep 60 & echo $! > child.pid\nwait\n"),
+    ("SIGINT", 130, "(echo $BASHPID > child.pid; exec sleep 60)\n"),
+])
+def test_a_signal_to_the_verl_launcher_reaches_the_command_and_waits_for_it(tmp_path, signum, code, body):
+    """`icsd train --engine verl` runs verl_command.sh; SIGTERM / SIGINT pass to it, it ends, then 143 / 130."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "verl_command.sh"
+    script.write_text(f"#!/usr/bin/env bash\ncd {tmp_path}\necho $$ > shell.pid\n{body}")
+    proc = subprocess.Popen([sys.executable, "-c", RUN_COMMAND, str(script)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)  # the sleep is running
+    t0 = time.monotonic()
+    proc.send_signal(getattr(signal, signum))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert time.monotonic() - t0 < 10  # the command ended on the signal, not after its 60 s
+    assert err.strip().splitlines()[-1].startswith(f"stopped by {signum}: verl got the signal and has exited; its "
+                                                   f"checkpoints are in {tmp_path / 'checkpoints'}; continue with: "
+                                                   f"bash {script}")
+    for name in ("shell.pid", "child.pid"):  # nothing of the command runs on
+        pid = int((tmp_path / name).read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -21,7 +21,7 @@ class Recording(ICSDGRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         o = super()._generate_and_score_completions(inputs)
         torch.save({"c_local": o["icsd_c"], "c_global": self.icsd_last.c, "n": self.accelerator.num_processes},
-                   f"{sys.argv[1]}/rank{self.accelerator.process_index}-batch{self._icsd_batches - 1}.pt")
+                   f"{sys.argv[1]}/rank{self.accelerator.process_index}-batch{self.icsd_batch_id()}.pt")
         return o
 
 
