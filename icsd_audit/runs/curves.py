@@ -177,29 +177,57 @@ def group_curves(
     return tuple(sorted(out, key=lambda c: order[c.key]))
 
 
+#: run config key -> allocator setting (what ``icsd train`` records in config.json)
+_CONFIG_SETTINGS = {"allocator": "allocator", "trust": "trust", "trust_beta": "trust_beta", "trust_eta": "trust_eta",
+                    "influence_eta": "influence_eta", "min_group": "min_group", "alloc_eps": "eps", "alloc_seed": "seed"}
+
+
+def deployed_settings(run: Run, folder: Path) -> Any:
+    """The allocator settings ``run``'s dumps in ``folder`` were deployed with (an ``AuditSettings``).
+
+    ``icsd audit``'s rule: the settings recorded in the shards (SPEC 9); shards deployed with
+    different settings are refused in one line. Dumps that record none (older versions) take
+    the run's ``config.json`` instead of SPEC's defaults, with one warning naming the folder.
+    """
+    import warnings
+
+    from icsd_audit.dumps.reader import DumpWarning
+    from icsd_audit.dumps.settings import audit_settings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        s = audit_settings([folder])
+    if s.recorded is not None or not run.config:
+        for w in seen:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return s
+    given = {ours: run.config[theirs] for theirs, ours in _CONFIG_SETTINGS.items() if run.config.get(theirs) is not None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DumpWarning)
+        s = audit_settings([folder], **given)
+    warnings.warn(f"{folder}: no deployed allocator settings recorded (older dumps); mechanism curves use the run's "
+                  f"config.json ({s.deployed.allocator}, trust={s.deployed.trust})", DumpWarning, stacklevel=2)
+    return s
+
+
 def dump_series(run: Run, *, progress: Any = None) -> dict[str, Series]:
     """Per-step TCM and sign-region shares recomputed from ``run``'s dumps (``dumps/`` in the run folder).
 
-    The deployed side uses the run's recorded allocator settings (config), the trust side
-    SDAR with the same trust settings; point estimates per step (statistics pooled over a
-    step's mini-batches, SPEC 6).  Empty when the run has no dumps (e.g. allocator none).
+    The deployed side uses the settings the dumps record (:func:`deployed_settings`, as
+    ``icsd audit`` does), the trust side SDAR with the same trust settings; point estimates
+    per step (statistics pooled over a step's mini-batches, SPEC 6).  Empty when the run has
+    no dumps (e.g. allocator none).
     """
-    from icsd_audit.alloc.options import AllocatorOptions
     from icsd_audit.stats.run import AuditRequest, run_audit
 
     folder = Path(run.path) / "dumps"
-    cfg = run.config or {}
-    if not folder.is_dir() or not any(folder.rglob("*.parquet")) or cfg.get("allocator") in (None, "none"):
+    if not folder.is_dir() or not any(folder.rglob("*.parquet")) or (run.config or {}).get("allocator") == "none":
         return {}
-    common = dict(trust=cfg.get("trust", "laplace"), trust_beta=float(cfg.get("trust_beta", 5.0)),
-                  min_group=int(cfg.get("min_group", 8)), eps=float(cfg.get("alloc_eps", 1e-4)),
-                  seed=int(cfg.get("alloc_seed", 0)))
-    deployed = str(cfg["allocator"])
-    # c = g for SDAR and OPSD: both sides are the base allocation; otherwise g is SDAR's trust (same settings)
-    same = deployed in ("sdar", "opsd")
-    req = AuditRequest(base=AllocatorOptions(allocator=deployed if same else "sdar", **common),
-                       compare=AllocatorOptions(allocator="icsd" if same else deployed, **common),
-                       n_resamples=1, seed=0, by="step", eps=common["eps"])
+    settings = deployed_settings(run, folder)
+    base, compare = settings.pair()
+    # c = g for SDAR and OPSD: the deployed allocation is the base side (ICSD the other); otherwise g is SDAR's trust
+    same = settings.deployed.allocator in ("sdar", "opsd")
+    req = AuditRequest(base=base, compare=compare, n_resamples=1, seed=0, by="step", eps=settings.deployed.eps)
     res = run_audit([folder], req, statistics=("tcm", "quadrants"), progress=progress)
     c_side = "base" if same else "compare"
     cols: dict[str, list[tuple[int, float]]] = {}
