@@ -121,6 +121,35 @@ def _poisson_cdf(lam: float) -> np.ndarray:
     return out
 
 
+def _tuples(F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The :data:`TUPLE`-tuples of iid counts with CDF ``F`` that can be drawn, in lexicographic order.
+
+    Returns (digits (tuples x TUPLE), cdf): the tuple CDF F(c_1 - 1) + p(c_1) (F(c_2 - 1) +
+    p(c_2) (...)), made monotone, at each tuple of positive width.  Only counts of positive
+    probability are enumerated: a tuple holding any other count has the width 0 and is never
+    drawn.  Where the CDF's partial sums stall one ulp below 1 (levels 7, 17, 19, ...: 60
+    terms, of which ~18 have mass), that is 130k tuples instead of 60**4 (~890 MB and 5 s);
+    the tuples kept and their CDF values are the same bits as the full enumeration's
+    (tests/stats/test_bootstrap.py compares the two).
+    """
+    p = np.diff(np.concatenate([[0.0], F]))
+    below = np.concatenate([[0.0], F[:-1]])
+    support = np.flatnonzero(p > 0)
+    if int(support[-1]) >= 64:  # pragma: no cover - lambda <= 1 keeps counts tiny
+        raise RuntimeError("Poisson table overflow")
+    k = support.size
+    p, below = p[support], below[support]
+    cdf = F[support]
+    for _ in range(TUPLE - 1):  # prepend one leading count per step
+        cdf = (below[:, None] + p[:, None] * cdf[None, :]).reshape(-1)
+    cdf = np.minimum(np.maximum.accumulate(cdf), 1.0)
+    cdf[-1] = 1.0
+    digits = support[np.arange(k**TUPLE)[:, None] // (k ** np.arange(TUPLE - 1, -1, -1))[None, :] % k]
+    # tuples of zero width (a repeated CDF value) are never drawn: keep the others
+    keep = np.flatnonzero(np.diff(np.concatenate([[0.0], cdf])) > 0)
+    return digits[keep], cdf[keep]
+
+
 class _Level:
     """Inverse-CDF lookup of :data:`TUPLE` iid Poisson(lambda) counts from one 16-bit uniform.
 
@@ -136,24 +165,11 @@ class _Level:
 
     def __init__(self, level: int):
         lam = 0.0 if level == 0 else 1.0 - _SLACK * 2.0 ** (-level / 2.0)
-        F = _poisson_cdf(lam)
-        k = len(F)
-        p = np.diff(np.concatenate([[0.0], F]))
-        below = np.concatenate([[0.0], F[:-1]])
-        cdf = F
-        for _ in range(TUPLE - 1):  # prepend one leading count per step
-            cdf = (below[:, None] + p[:, None] * cdf[None, :]).reshape(-1)
-        cdf = np.minimum(np.maximum.accumulate(cdf), 1.0)
-        cdf[-1] = 1.0
-        digits = np.arange(k**TUPLE)[:, None] // (k ** np.arange(TUPLE - 1, -1, -1))[None, :] % k
-        # tuples of zero width (a repeated CDF value) are never drawn: keep the others
-        keep = np.flatnonzero(np.diff(np.concatenate([[0.0], cdf])) > 0)
-        self.codes = np.ascontiguousarray(digits[keep].astype(np.uint8)).view(_CODE).reshape(-1)
-        self.cdf = cdf = cdf[keep]
+        digits, cdf = _tuples(_poisson_cdf(lam))
+        self.codes = np.ascontiguousarray(digits.astype(np.uint8)).view(_CODE).reshape(-1)
+        self.cdf = cdf
         lo = np.searchsorted(cdf, np.arange(_TABLE_SIZE, dtype=np.float64) / _TABLE_SIZE, side="right")
         hi = np.searchsorted(cdf, (np.arange(_TABLE_SIZE, dtype=np.float64) + 1) / _TABLE_SIZE, side="left")
-        if int(digits.max(initial=0)) >= 64:  # pragma: no cover - lambda <= 1 keeps counts tiny
-            raise RuntimeError("Poisson table overflow")
         table = self.codes[np.minimum(lo, cdf.size - 1)]
         self.table = np.where(lo == hi, table, table | _FLAG).astype(_CODE)
         # candidates of a straddling bucket: tuples lo .. lo + width

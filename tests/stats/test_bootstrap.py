@@ -66,7 +66,7 @@ def test_many_narrow_groups_sum_only_their_own_clusters():
         assert (T[:, g, 20 * g + 10 : 20 * g + 20].sum(axis=1) == 10).all()
 
 
-@pytest.mark.parametrize("level", [0, 4, 13])
+@pytest.mark.parametrize("level", [0, 4, 7, 13])
 def test_tuple_lookup_is_the_nested_poisson_inverse_cdf(level):
     # one 16-bit bucket (+ a double where it straddles a step) gives TUPLE Poisson counts:
     # compare with the inverse CDF taken coordinate by coordinate (scipy's Poisson CDF)
@@ -93,6 +93,41 @@ def test_tuple_lookup_is_the_nested_poisson_inverse_cdf(level):
             want.append(c)
             x = (x - (cdf[c - 1] if c else 0.0)) / pmf[c]
         assert list(got[i]) == want, (i, u[i], got[i], want)
+
+
+def _all_tuples(F):
+    """Reference: every tuple of counts 0..K-1, lexicographic, its nested CDF made monotone, zero widths dropped."""
+    from icsd_audit.stats.resample import TUPLE
+
+    k = len(F)
+    p = np.diff(np.concatenate([[0.0], F]))
+    below = np.concatenate([[0.0], F[:-1]])
+    cdf = np.asarray(F, dtype=np.float64)
+    for _ in range(TUPLE - 1):
+        cdf = (below[:, None] + p[:, None] * cdf[None, :]).reshape(-1)
+    cdf = np.minimum(np.maximum.accumulate(cdf), 1.0)
+    cdf[-1] = 1.0
+    digits = np.array(np.unravel_index(np.arange(k**TUPLE), (k,) * TUPLE)).T
+    keep = np.flatnonzero(np.diff(np.concatenate([[0.0], cdf])) > 0)
+    return digits[keep], cdf[keep]
+
+
+def test_tuple_table_skips_counts_without_mass_exactly():
+    # where the Poisson CDF's partial sums stall one ulp below 1 (level 7: 60 terms, 18 with
+    # mass) the table enumerates only counts of positive probability; the tuples kept and
+    # their CDF values must be the bits of the full enumeration (which takes ~890 MB at 60 terms)
+    from icsd_audit.stats.resample import _SLACK, _poisson_cdf, _tuples
+
+    F7 = _poisson_cdf(1 - _SLACK * 2 ** (-7 / 2))
+    assert len(F7) == 60 and (np.diff(F7)[17:58] == 0).all()  # the stall this guards against
+    stalled = np.concatenate([F7[:23], [1.0]])  # 24 counts: 17 with mass, 6 stalled, then 1
+    hole = _poisson_cdf(0.8)
+    hole = np.concatenate([hole[:3], hole[2:3], hole[3:]])  # a count of zero mass inside
+    for F in (stalled, hole, _poisson_cdf(0.9)):
+        d_ref, c_ref = _all_tuples(F)
+        d, c = _tuples(F)
+        assert np.array_equal(d, d_ref)
+        assert c.tobytes() == c_ref.tobytes()
 
 
 def test_counts_do_not_depend_on_the_sums():
