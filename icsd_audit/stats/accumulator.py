@@ -21,7 +21,7 @@ from icsd_audit.stats.results import (
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
 )
 from icsd_audit.tokens import Tokens, Weights
-from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, factorize
+from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, factorize, masked
 
 __all__ = ["AuditAccumulator", "midrank_bins"]
 
@@ -149,9 +149,10 @@ class AuditAccumulator:
         wb64 = wb.astype(np.float64)
         wc64 = wc.astype(np.float64)
         cols: dict[str, np.ndarray] = {}
+        buf = np.empty(m, dtype=np.float64)  # the masked column of each sum (consumed at once)
 
         def put(name: str, mask: np.ndarray | None, w: np.ndarray) -> None:
-            cols[name] = cidx.sum(w if mask is None else np.where(mask, w, 0.0))
+            cols[name] = cidx.sum(w if mask is None else masked(w, mask, buf))
 
         dpos = delta_a > 0
         if "tcm" in self.statistics:
@@ -203,7 +204,7 @@ class AuditAccumulator:
                 put(f"wd_out_{side}", outside, wd)
                 put(f"wd_flat_{side}", flat, wd)
             r64 = ratio_a.astype(np.float64)
-            for g in np.unique(gcode).tolist():
+            for g in (np.unique(gcode).tolist() if grp is not None else [0]):  # (no sort of m zeros)
                 rg = r64[gcode == g] if grp is not None else r64
                 self._merge_moments(int(g), rg)
         if "shift" in self.statistics:
@@ -211,7 +212,7 @@ class AuditAccumulator:
             if sp.size:
                 cl = cidx.ids()[sp]
                 a = adv_a[sp].astype(np.float64)
-                sub = ClusterIndex(cl, factorize(a)[0])
+                sub = _splus_clusters(cl, a)
                 self._sp["cluster"].append(cl[sub.first] + self._n_clusters)
                 self._sp["adv"].append(a[sub.first])
                 self._sp["n"].append(sub.count().astype(np.int64))
@@ -515,7 +516,22 @@ class _Ctx:
 
 def _count(cidx: ClusterIndex, mask: np.ndarray) -> np.ndarray:
     """Per-turn token counts of a mask (int32: exact, and half the memory of float64)."""
-    return cidx.sum(mask).astype(np.int32)
+    return cidx.count_where(mask)
+
+
+def _splus_clusters(cl: np.ndarray, a: np.ndarray) -> ClusterIndex:
+    """The (turn, advantage value) sub-clusters of S+ tokens (turn ids ``cl``, advantages ``a``).
+
+    An advantage is almost always constant over a turn: when the turn ids come as runs
+    and no run changes value, the sub-clusters are the turns themselves, the same
+    clusters in the same order (first appearance) as with the advantage as a second
+    key, without sorting the advantages (np.unique: ~85 ms per 333k tokens).
+    """
+    if cl.size > 1:
+        same = cl[1:] == cl[:-1]
+        if (cl[1:] >= cl[:-1]).all() and not (same & (a[1:] != a[:-1])).any():
+            return ClusterIndex(cl)
+    return ClusterIndex(cl, factorize(a)[0])
 
 
 def _mass_matched(tb: np.ndarray, tc: np.ndarray, rtol: float) -> bool:

@@ -40,7 +40,7 @@ from icsd_audit.stats.bootstrap import (
 )
 from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
-from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite
+from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, masked
 
 __all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "LandscapeRanks", "RankEdges", "landscape",
            "RegionMultiplier", "LANDSCAPE_REGIONS", "SMOOTHING_BANDWIDTH", "REGION_QUANTILE", "smooth_intensity",
@@ -378,7 +378,7 @@ class LandscapeAccumulator:
             acc[2] += np.bincount(c, weights=wc[sel], minlength=self._G2)
             self._region_tokens[key] = self._region_tokens.get(key, 0) + np.array([ts[sel].sum(), to[sel].sum()])
         one = np.ones(d.size)
-        cols = [one, wb, wc] + [np.where(m, x, 0.0) for m in (ts, to) for x in (one, wb, wc)]
+        cols = [one, wb, wc] + [masked(x, m) for m in (ts, to) for x in (one, wb, wc)]
         cid = ClusterIndex(bid, tid, uid, ecode) if e is not None else ClusterIndex(bid, tid, uid)
         self._turn["batch"].append(bid[cid.first])
         self._turn["env"].append(np.array(keys, dtype=object)[ecode[cid.first]] if e is not None
@@ -405,6 +405,7 @@ class LandscapeAccumulator:
         S = np.concatenate(self._turn["sums"], axis=1)  # (9, turns)
         env = np.concatenate(self._turn["env"])
         batch = np.concatenate(self._turn["batch"])
+        self._turn = {"sums": [S], "env": [env], "batch": [batch]}  # the pieces are not kept beside it
         # ratios: region token share, region mass share (base, compare) per region
         num, den = [], []
         for j in range(2):

@@ -101,19 +101,27 @@ def run_audit(
                         rng=req.seed, workers=req.workers)
 
 
-def landscape_ranks(reader: DumpReader, grid: int) -> dict:
+def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = None) -> dict:
     """The landscape's first pass: every environment's exact mid-rank edges from delta and advantage alone.
 
     Reads only ``delta``, ``advantage``, ``valid`` and ``env`` (no allocation), 4 bytes per
     valid token of delta kept until the edges are cut (the advantages, constant over a
-    turn, as distinct values per row group); the checked stream comes after.
+    turn, as distinct values per row group); the checked stream comes after.  ``steps``
+    (a set) also reads ``step`` and receives the smallest and largest step of each row
+    group's valid tokens: it ends with two or more values exactly when the valid tokens
+    span two or more steps (the report's per-step curve is computed only then).
     """
     ranks = LandscapeRanks(grid=grid)
-    for table in reader.column_groups(["delta", "advantage", "valid", "env"]):
+    for table in reader.column_groups(["delta", "advantage", "valid", "env"] + (["step"] if steps is not None else [])):
         names = table.column_names
+        valid = table.column("valid").to_numpy(zero_copy_only=False) if "valid" in names else None
         ranks.add(table.column("delta").to_numpy(), table.column("advantage").to_numpy(),
-                  env=table.column("env").to_numpy(zero_copy_only=False) if "env" in names else None,
-                  valid=table.column("valid").to_numpy(zero_copy_only=False) if "valid" in names else None)
+                  env=table.column("env").to_numpy(zero_copy_only=False) if "env" in names else None, valid=valid)
+        if steps is not None and "step" in names:
+            s = table.column("step").to_numpy(zero_copy_only=False)
+            s = s if valid is None else s[valid.astype(bool)]
+            if s.size:  # (int64 by the schema: a min and a max, not a sort)
+                steps.update((s.min().item(), s.max().item()) if s.dtype.kind in "iu" else np.unique(s).tolist())
     return ranks.finalize()
 
 
