@@ -86,6 +86,20 @@ def _print_fields() -> None:
         con.print(f"[bold]{name}[/] ({typ}, default {default!r}): {doc}", highlight=False)
 
 
+def _note_prompt_changes(cfg: Any) -> None:
+    """One line when the run's prompts differ from those a warm start (icsd sft) was fitted to."""
+    from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+    from icsd_audit.train.sft import prompt_changes
+
+    init = cfg.init_path
+    if init is None or not is_adapter_dir(init):
+        return
+    changed = prompt_changes(read_adapter_meta(init).get("prompts"), cfg)
+    if changed:
+        stderr_console().print(f"note: the warm start {cfg.init} was fitted to prompts with {changed[0]}; this run "
+                               f"uses {changed[1]}: what it learned may not carry over", highlight=False, soft_wrap=True)
+
+
 def _check_env_data(cfg: Any) -> None:
     """Load the environment's user data before the model, so a bad file fails in seconds (exit 2)."""
     if cfg.env == "searchqa":
@@ -228,9 +242,11 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
 
     model, init = o["model"], o["init"]
     if init is not None and model is None:  # an adapter names its base: --init alone is enough
+        from icsd_audit.train.config import resolve_init
         from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
 
-        model = read_adapter_meta(init).get("base_model") if is_adapter_dir(init) else None
+        folder = str(resolve_init(str(init)))
+        model = read_adapter_meta(folder).get("base_model") if is_adapter_dir(folder) else None
     cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=model,
                                      out_dir=None if out is None else str(out), total_steps=o["steps"],
                                      adv_estimator=o["adv"], allocator=o["allocator"], hybrid=o["hybrid"],
@@ -244,6 +260,7 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      checkpoint_optimizer=False if weights_only else None), set_,
                         env_here=not dry_run)
     cfg.validate_training(env_here=not dry_run)  # what only training needs (a server's goal count), before any data loads
+    _note_prompt_changes(cfg)
     from icsd_audit.outputs import check_not_input
     from icsd_audit.runs.trackers import check_available, parse_report_to
 
@@ -401,17 +418,22 @@ def eval_cmd(
         preset = "paper" if policy == "expert" else "cpu-demo"
     from icsd_audit.train.lora import base_of, is_adapter_dir
 
+    from icsd_audit.train.config import resolve_init
+
     if adapter is None and model is not None and is_adapter_dir(model):  # a --lora run's checkpoint given as --model
         adapter, model = Path(model), None
     base_seed = None
     if adapter is not None:
-        if not is_adapter_dir(adapter):
+        folder = str(resolve_init(str(adapter)))  # a shipped warm start: --adapter warmstart:NAME
+        if not is_adapter_dir(folder):
             raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a LoRA adapter folder)")
-        model, base_seed = base_of(adapter, model, seed or 0)
+        model, base_seed = base_of(folder, model, seed or 0)
     cfg = _build_config(preset, dict(model=model, env=env, env_url=env_url, eval_tasks=tasks, max_turns=max_turns,
                                      eval_temperature=temperature, device=device, policy=policy,
                                      seed=seed if base_seed is None else base_seed,
                                      init=None if adapter is None else str(adapter)), set_)
+    if adapter is None and not any(s.strip().startswith("init=") for s in set_):
+        cfg = cfg.replace(init=None)  # the policy is what --model says; a preset's warm start needs --adapter
     if out is not None:  # before the evaluation: a bad --out fails in seconds, not after it
         from icsd_audit.outputs import check_not_input, check_output_file
 

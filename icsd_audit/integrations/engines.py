@@ -288,17 +288,17 @@ def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
     from icsd_audit.train.loop import load_policy
 
     if not cfg.lora_enabled:
-        model, tok = load_policy(cfg.init or cfg.model, device=dev, seed=cfg.seed,
+        model, tok = load_policy(cfg.init_path or cfg.model, device=dev, seed=cfg.seed,
                                  trust_remote_code=cfg.trust_remote_code)
         return model, tok, None
     from icsd_audit.train import lora as lo
 
-    init_adapter = cfg.init if cfg.init is not None and lo.is_adapter_dir(cfg.init) else None
+    init_adapter = cfg.init_path if cfg.init is not None and lo.is_adapter_dir(str(cfg.init_path)) else None
     if init_adapter is not None:
         base_ref, base_seed = lo.base_of(init_adapter, cfg.model, cfg.seed)
         base, tok = load_policy(base_ref, device=dev, seed=base_seed, trust_remote_code=cfg.trust_remote_code)
         return lo.load_adapter(base, init_adapter, trainable=True), tok, None
-    model, tok = load_policy(cfg.init or cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    model, tok = load_policy(cfg.init_path or cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     settings = lo.LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2.0 * cfg.lora_rank, targets=cfg.lora_targets)
     return model, tok, settings.peft_config()
 

@@ -40,6 +40,7 @@ nothing is dumped (:mod:`icsd_audit.train.hybrid`).
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -49,7 +50,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["TrainConfig", "ConfigError", "PRESETS", "preset", "preset_for", "field_docs", "parse_override", "REWARDS"]
+__all__ = ["TrainConfig", "ConfigError", "PRESETS", "preset", "preset_for", "field_docs", "parse_override", "REWARDS",
+           "WARM_START_PREFIX", "resolve_init", "shipped_warm_starts", "warm_starts_dir"]
 
 #: Reward shaping names (see ``TrainConfig.reward``).
 REWARDS = ("won10", "score")
@@ -99,7 +101,7 @@ class TrainConfig:
     lora_targets: str = "all-linear"
     """Modules that get adapters: 'all-linear' (peft: every linear layer of the decoder blocks, i.e. q/k/v/o and gate/up/down projections for Llama/Qwen; never the LM head) or comma-separated module-name suffixes, e.g. 'q_proj,v_proj'."""
     init: str | None = None
-    """Start from this folder instead of the plain model: a LoRA adapter folder (peft's files plus icsd_adapter.json naming its base, as icsd train checkpoints and icsd sft write; training continues that adapter, and the KL reference is base + that adapter) or a full Hugging Face model folder (it replaces model)."""
+    """Start from this folder instead of the plain model: a LoRA adapter folder (peft's files plus icsd_adapter.json naming its base, as icsd train checkpoints and icsd sft write; training continues that adapter, and the KL reference is base + that adapter) or a full Hugging Face model folder (it replaces model); or 'warmstart:NAME', a warm start shipped with icsd (icsd_audit/warmstarts/NAME; the cpu-demo preset starts from 'warmstart:webshop-smollm2-135m', and drops it when --model names another base)."""
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
@@ -340,7 +342,13 @@ class TrainConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "TrainConfig":
-        return preset(name).replace(**overrides)
+        """Preset ``name`` with ``overrides``. A preset's shipped warm start belongs to its base model:
+        when ``model`` names another model (and ``init`` is not given), the run starts from that model."""
+        base = preset(name)
+        if ("model" in overrides and "init" not in overrides and base.init is not None
+                and base.init.startswith(WARM_START_PREFIX) and not _same_base(overrides["model"], base.init)):
+            overrides = {**overrides, "init": None}
+        return base.replace(**overrides)
 
     def replace(self, **overrides: Any) -> "TrainConfig":
         known = {f.name for f in fields(self)}
@@ -374,6 +382,9 @@ class TrainConfig:
             found[f"searchqa_data file {i + 1}"] = f
         if self.alfworld_data:
             found["alfworld_data folder"] = self.alfworld_data
+        if self.init is not None:
+            with contextlib.suppress(ConfigError):  # an unknown warm start is validate()'s to report
+                found["init folder"] = str(self.init_path)
         return found
 
     # ------------------------------------------------------------------ validation
@@ -551,12 +562,20 @@ class TrainConfig:
                 "start-up log); add --set server_num_goals=N"])
         return self
 
+    @property
+    def init_path(self) -> str | None:
+        """``init`` as a folder: a shipped warm start's reference (``warmstart:NAME``) resolved; None when unset."""
+        return resolve_init(self.init)
+
     def _init_problems(self) -> list[str]:
         if self.init is None:
             return []
         from icsd_audit.train.lora import AdapterError, adapter_settings, is_adapter_dir, is_model_dir
 
-        d = Path(self.init).expanduser()
+        try:
+            d = Path(str(resolve_init(self.init))).expanduser()
+        except ConfigError as e:
+            return e.problems
         if is_adapter_dir(d):
             try:
                 rank = adapter_settings(d).rank
@@ -578,7 +597,7 @@ class TrainConfig:
             return True
         from icsd_audit.train.lora import is_adapter_dir
 
-        return self.init is not None and is_adapter_dir(self.init)
+        return self.init is not None and is_adapter_dir(str(self.init_path))
 
     def _searchqa_problems(self) -> list[str]:
         p = []
@@ -603,6 +622,45 @@ class TrainConfig:
 
 
 _MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
+_EMBEDDED_ALIASES = _MODEL_ALIASES[:4]
+
+#: ``init`` may name a warm start shipped with icsd: ``warmstart:NAME`` is the adapter folder
+#: ``icsd_audit/warmstarts/NAME`` (written by ``icsd sft``; docs/training.md, "Warm start from the expert").
+#: Configs record the name, not the install path, so runs of different machines compare.
+WARM_START_PREFIX = "warmstart:"
+
+
+def warm_starts_dir() -> Path:
+    """Where the shipped warm starts live (package data)."""
+    return Path(__file__).resolve().parents[1] / "warmstarts"
+
+
+def shipped_warm_starts() -> list[str]:
+    """Names of the shipped warm starts (``init=warmstart:NAME``)."""
+    root = warm_starts_dir()
+    return sorted(d.name for d in root.iterdir() if (d / "adapter_config.json").is_file()) if root.is_dir() else []
+
+
+def resolve_init(init: str | None) -> str | None:
+    """The folder ``init`` names: ``warmstart:NAME`` -> the shipped adapter's folder; any other value as it is."""
+    if init is None or not init.startswith(WARM_START_PREFIX):
+        return init
+    name = init[len(WARM_START_PREFIX):]
+    folder = warm_starts_dir() / name
+    if not name or Path(name).name != name or not (folder / "adapter_config.json").is_file():
+        raise ConfigError([f"init={init!r}: no shipped warm start {name!r}; shipped: "
+                           f"{', '.join(WARM_START_PREFIX + n for n in shipped_warm_starts()) or 'none'}"])
+    return str(folder)
+
+
+def _same_base(model: Any, warm_start: str) -> bool:
+    """Whether ``model`` is the base a shipped warm start was trained on (read from its icsd_adapter.json)."""
+    try:
+        meta = json.loads((Path(str(resolve_init(warm_start))) / "icsd_adapter.json").read_text())
+    except (ConfigError, OSError, ValueError):
+        return True  # let validation report the warm start itself
+    base = str(meta.get("base_model", ""))
+    return model == base or (model in _EMBEDDED_ALIASES and base in _EMBEDDED_ALIASES)
 _ONE_SHOT_ENVS = ("webshop", "searchqa", "alfworld")
 
 

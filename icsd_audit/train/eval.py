@@ -97,13 +97,14 @@ def evaluate_config(cfg: Any) -> EvalResult:
         model, tok = None, policy_tokenizer(cfg.model, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
         policy: Any = ExpertPolicy(tok)
     else:
-        if cfg.init is not None:  # an adapter over its base (icsd eval --adapter), or a full model folder
+        init = cfg.init_path
+        if init is not None:  # an adapter over its base (icsd eval --adapter), or a full model folder
             from icsd_audit.train.lora import is_adapter_dir, load_adapter
 
-            model, tok = load_policy(cfg.model if is_adapter_dir(cfg.init) else cfg.init, device=dev, seed=cfg.seed,
+            model, tok = load_policy(cfg.model if is_adapter_dir(init) else init, device=dev, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code)
-            if is_adapter_dir(cfg.init):
-                model = load_adapter(model, cfg.init, trainable=False).eval()
+            if is_adapter_dir(init):
+                model = load_adapter(model, init, trainable=False).eval()
         else:
             model, tok = load_policy(cfg.model, device=dev, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
         policy = None

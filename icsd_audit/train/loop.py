@@ -280,9 +280,9 @@ def _models(cfg: TrainConfig, *, device: torch.device, ckpt: Path | None, precis
     """The policy (from ``model``, ``init`` or a checkpoint; LoRA-wrapped when asked) and its KL reference."""
     from icsd_audit.train import lora as lo
 
-    init_adapter = cfg.init if cfg.init is not None and lo.is_adapter_dir(cfg.init) else None
+    init_adapter = cfg.init_path if cfg.init is not None and lo.is_adapter_dir(str(cfg.init_path)) else None
     base_ref, base_seed = (lo.base_of(init_adapter, cfg.model, cfg.seed) if init_adapter
-                           else (cfg.init or cfg.model, cfg.seed))
+                           else (cfg.init_path or cfg.model, cfg.seed))
     trust = cfg.trust_remote_code
     initial, tokenizer = load_policy(base_ref, device=device, seed=base_seed, trust_remote_code=trust)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
