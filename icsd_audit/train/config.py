@@ -678,7 +678,8 @@ def _paper() -> TrainConfig:
     )
 
 
-def _cpu_demo() -> TrainConfig:
+def _cpu_base() -> TrainConfig:
+    """What every CPU preset shares: the embedded model on 2 cores, short replies, dumps and sketches each step."""
     return TrainConfig(
         out_dir="runs/cpu-demo",
         model="embedded", device="cpu", precision="float32", threads=None,
@@ -690,6 +691,27 @@ def _cpu_demo() -> TrainConfig:
         eval_every=0, eval_tasks=4, eval_temperature=0.7,
         sketch_k=32,  # so that `icsd audit gradcos` and the report's alignment section work on its dumps
     )
+
+
+#: The warm start the WebShop CPU presets start from (``icsd sft``; docs/training.md, "Warm start from the expert").
+CPU_WARM_START = "warmstart:webshop-smollm2-135m"
+
+
+def _cpu_demo() -> TrainConfig:
+    """The README's main job: RL from the shipped warm start, whose prompts these are (no one-shot example:
+    the warm start learned the format; 5 turns and 96-token replies let the expert's 4-to-6-step path and
+    its longest reply fit, so a purchase, hence a score, is within reach)."""
+    return _cpu_base().replace(
+        init=CPU_WARM_START,
+        n_tasks=2, group_size=3, max_turns=5, max_response_tokens=96, one_shot=False,
+        mini_batch_rows=64, micro_batch_rows=4,
+        lr=1e-4, total_steps=3,
+    )
+
+
+def _cpu_study() -> TrainConfig:
+    """examples/cpu-study: the main job made cheap enough for 9 runs (one task of 3 episodes a step, no sketches)."""
+    return _cpu_demo().replace(out_dir="runs/cpu-study", n_tasks=1, group_size=3, sketch_k=0, total_steps=3)
 
 
 def _paper_searchqa() -> TrainConfig:
@@ -705,7 +727,7 @@ def _paper_searchqa() -> TrainConfig:
 
 
 def _cpu_demo_searchqa() -> TrainConfig:
-    return _cpu_demo().replace(
+    return _cpu_base().replace(
         out_dir="runs/cpu-demo-searchqa", env="searchqa",
         max_turns=3, history_window=2, max_response_tokens=64, kl_coef=0.001,
     )
@@ -722,14 +744,14 @@ def _paper_alfworld() -> TrainConfig:
 
 
 def _cpu_demo_alfworld() -> TrainConfig:
-    return _cpu_demo().replace(
+    return _cpu_base().replace(
         out_dir="runs/cpu-demo-alfworld", env="alfworld", max_turns=3, max_prompt_tokens=1536, reward="won10",
     )
 
 
 #: Preset name -> factory. ``<name>-<env>`` is the variant of preset ``name`` for ``env``
 #: (see :func:`preset_for`).
-PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo,
+PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo, "cpu-study": _cpu_study,
            "paper-searchqa": _paper_searchqa, "cpu-demo-searchqa": _cpu_demo_searchqa,
            "paper-alfworld": _paper_alfworld, "cpu-demo-alfworld": _cpu_demo_alfworld}
 

@@ -315,3 +315,23 @@ def test_a_presets_warm_start_is_kept_for_its_base_and_dropped_for_another(shipp
     assert config.TrainConfig.from_preset("demo-warm", model="tiny-random").init == "warmstart:demo"
     assert config.TrainConfig.from_preset("demo-warm", model="embedded").init is None  # another base: its own weights
     assert config.TrainConfig.from_preset("demo-warm", model="embedded", init="x").init == "x"  # explicit wins
+
+
+def test_the_shipped_webshop_warm_start_fits_the_presets_that_start_from_it():
+    """cpu-demo and cpu-study start from the shipped adapter, whose prompts are theirs (no note at start-up), which
+    is a rank-4 adapter of the embedded model under 10 MB; another --model drops it."""
+    from icsd_audit.train.config import CPU_WARM_START, preset, resolve_init
+    from icsd_audit.train.lora import adapter_settings, read_adapter_meta
+    from icsd_audit.train.sft import prompt_changes
+
+    folder = Path(resolve_init(CPU_WARM_START))
+    meta = read_adapter_meta(str(folder))
+    assert meta["base_model"] == "embedded" and meta["env"] == "webshop" and adapter_settings(folder).rank == 4
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 10 * 2 ** 20
+    for name in ("cpu-demo", "cpu-study"):
+        cfg = preset(name).validate()
+        assert cfg.init == CPU_WARM_START and cfg.lora_enabled and cfg.env == "webshop"
+        assert prompt_changes(meta["prompts"], cfg) is None
+        assert TrainConfig.from_preset(name, model="tiny-random").init is None
+    report = json.loads((folder / "sft.json").read_text())
+    assert report["epochs"][-1]["heldout_loss"] < report["epochs"][0]["heldout_loss"]
