@@ -259,6 +259,9 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                      init=None if init is None else str(init),
                                      checkpoint_optimizer=False if weights_only else None), set_,
                         env_here=not dry_run)
+    if engine == "verl" and init is None and not any(x.strip().startswith("init=") for x in set_ or []) \
+            and (cfg.init or "").startswith("warmstart:"):
+        cfg = cfg.replace(init=None)  # a preset's warm start is for the built-in model on CPU, not verl's
     cfg.validate_training(env_here=not dry_run)  # what only training needs (a server's goal count), before any data loads
     _note_prompt_changes(cfg)
     from icsd_audit.outputs import check_not_input

@@ -101,7 +101,7 @@ class TrainConfig:
     lora_targets: str = "all-linear"
     """Modules that get adapters: 'all-linear' (peft: every linear layer of the decoder blocks, i.e. q/k/v/o and gate/up/down projections for Llama/Qwen; never the LM head) or comma-separated module-name suffixes, e.g. 'q_proj,v_proj'."""
     init: str | None = None
-    """Start from this folder instead of the plain model: a LoRA adapter folder (peft's files plus icsd_adapter.json naming its base, as icsd train checkpoints and icsd sft write; training continues that adapter, and the KL reference is base + that adapter) or a full Hugging Face model folder (it replaces model); or 'warmstart:NAME', a warm start shipped with icsd (icsd_audit/warmstarts/NAME; the cpu-demo preset starts from 'warmstart:webshop-smollm2-135m', and drops it when --model names another base)."""
+    """Start from this folder instead of the plain model: a LoRA adapter folder (peft's files plus icsd_adapter.json naming its base, as icsd train checkpoints and icsd sft write; training continues that adapter, and the KL reference is base + that adapter) or a full Hugging Face model folder (it replaces model); or 'warmstart:NAME', a warm start shipped with icsd (icsd_audit/warmstarts/NAME; the cpu-demo and cpu-study presets start from 'warmstart:webshop-smollm2-135m', and drop it when --model names another base or the engine is verl)."""
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"

@@ -229,8 +229,8 @@ def test_train_init_continues_the_warm_start(sft_dir, tmp_path):
               "--set", "max_turns=3", "--set", "max_prompt_tokens=160", "--set", "n_tasks=1",
               "--set", "group_size=2", "--set", "max_response_tokens=8", "--sketch-k", "0")
     assert r.returncode == 0, r.stderr[-3000:]
-    # the warm start's replies were fitted under the preset's 48-token limit: the run says it departs from it
-    assert "fitted to prompts with max_response_tokens=48; this run uses max_response_tokens=8" in r.stderr
+    # the warm start's replies were fitted under the preset's 96-token limit: the run says it departs from it
+    assert "fitted to prompts with max_response_tokens=96; this run uses max_response_tokens=8" in r.stderr
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["init"] == str(sft_dir) and cfg["model"] == "tiny-random"
     (ckpt,) = (tmp_path / "run" / "checkpoints").iterdir()
