@@ -68,7 +68,7 @@ def test_each_command_prints_the_report_s_intervals(outputs: dict[str, Any], sta
 
 def test_per_step_tcm_is_the_report_s_dynamics(outputs: dict[str, Any]) -> None:
     assert outputs["tcm_by_step"] == outputs["report"]["dynamics"]
-    assert [g["key"] for g in outputs["tcm_by_step"]["groups"]] == [0, 1]
+    assert [g["key"] for g in outputs["tcm_by_step"]["groups"]] == [0, 1, 2]
 
 
 def test_the_shared_statistics_printed_today() -> None:
