@@ -126,3 +126,29 @@ def test_landscape_multipliers_sit_beside_the_panels(envs: int) -> None:
 def test_quadrant_and_shift_figures_have_no_overlapping_text() -> None:
     for fig in (quadrant_figure(fx.quadrants_result(), include_neutral=True), shift_figure(fx.shift_result())):
         assert not overlaps(fig), overlaps(fig)
+
+
+def _curves(n: int, keys: tuple[str, ...], envs: tuple[str, ...] = ("webshop",)) -> list:
+    from icsd_audit.runs.curves import Curve
+
+    rng = np.random.default_rng(n)
+    out = []
+    for label in ("none", "sdar", "icsd"):
+        for env in envs:
+            for key in keys:
+                m = rng.random(n)
+                out.append(Curve(label, env, key, np.arange(n), m, m - 0.1, m + 0.1, np.full(n, 3), 0.95, 1000))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 200])
+def test_compare_figures_for_short_and_long_runs(n: int) -> None:
+    from icsd_audit.report.figures.curves import MECHANISM_PANELS, curves_figure, mechanism_figure
+
+    fig = mechanism_figure(_curves(n, tuple(MECHANISM_PANELS)))
+    assert not overlaps(fig), overlaps(fig)  # a 200-step run's step ticks ran together ("0 2550751001...")
+    widths = [a.get_window_extent().width for a in fig.axes]
+    assert min(widths) > 0.9 * max(widths), widths  # the legend no longer widens the first panel alone
+    for envs in (("webshop",), ("webshop", "alfworld")):
+        fig = curves_figure(_curves(n, ("rollout/success",), envs), "rollout/success")
+        assert not overlaps(fig), overlaps(fig)

@@ -100,8 +100,12 @@ def mechanism_figure(curves: Sequence[Any], ax: Axes | Sequence[Axes] | None = N
             _draw(a, sorted((c for c in mine if c.key == key), key=lambda c: labels.index(c.label)), colors, 100.0)
             a.set_ylabel(MECHANISM_PANELS[key])
             a.set_xlabel("training step")
-        axes[0].legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=min(4, len(labels)), borderaxespad=0.2,
-                       title=f"{env}: " + _band_caption(mine), title_fontsize=6)
+        legend = dict(ncols=min(4, len(labels)), title=f"{env}: " + _band_caption(mine), title_fontsize=6)
+        if ax is None:  # above all panels: as the first panel's legend it widened that column and squeezed the
+            # others until a 200-step run's tick labels ran together
+            fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", **legend)
+        else:
+            axes[0].legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2, **legend)
     return fig
 
 
