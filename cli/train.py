@@ -366,8 +366,8 @@ def _probe_writable(out: Path) -> None:
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(prefix=temp_prefix(out, "probe"), dir=out.parent):
-            pass
+        # Creating (and at once deleting) a file in the folder is the probe: it fails as the real write would.
+        tempfile.NamedTemporaryFile(prefix=temp_prefix(out, "probe"), dir=out.parent).close()
     except OSError as exc:
         raise OutputError(out, f"--out cannot be written: {exc.strerror or exc} ({exc.filename or out.parent})") from None
 

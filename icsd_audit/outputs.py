@@ -68,14 +68,13 @@ def reserve(fd: int, size: int) -> None:
     """
     if size <= 0:
         return
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return
-    except AttributeError:  # no posix_fallocate on this platform (macOS)
-        pass
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
-            raise
+    if hasattr(os, "posix_fallocate"):  # absent on macOS: the zero writes below reserve the space instead
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
+                raise
     chunk = bytes(min(size, 1 << 24))
     os.lseek(fd, 0, os.SEEK_SET)
     done = 0

@@ -249,14 +249,13 @@ def run_command(path: Path) -> int:
     so nothing of it writes into the run folder after this process lets the folder go; a
     second signal kills the group. Then :class:`CommandStopped` (exit code 143 / 130).
     """
+    import contextlib
     import os
     import signal
 
     def tell(sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group has already exited: nothing to tell
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     with GracefulStop():
         proc = subprocess.Popen(["bash", str(path)], start_new_session=True)

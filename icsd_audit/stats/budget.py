@@ -18,6 +18,7 @@ physical memory) and the cgroup's limit less its usage.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import re
@@ -79,22 +80,18 @@ def memory_limit() -> tuple[int, str]:
     if os.environ.get(_ENV):  # the user's word replaces what is detected (a machine shared with others, swap)
         return _parse_size(os.environ[_ENV]), _ENV
     found: list[tuple[int, str]] = []
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): the cgroup and physical-memory sources decide
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
                     found.append((int(line.split()[1]) * 1024, "available"))
                     break
-    except OSError:
-        pass
     cap, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
     if cap is not None:
         found.append((max(cap - (used or 0), 0), "left under the cgroup's memory.max"))
     if not any(src == "available" for _, src in found):
-        try:
+        with contextlib.suppress(ValueError, OSError, AttributeError):  # no sysconf names: limit stays unknown
             found.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "of physical memory"))
-        except (ValueError, OSError, AttributeError):
-            pass
     return min(found) if found else (1 << 62, "unknown")
 
 
