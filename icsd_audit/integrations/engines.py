@@ -265,10 +265,52 @@ def run_command(path: Path) -> int:
             tell(exc.signum)
             try:
                 proc.wait()
+                # the shell can end before the jobs it started (verl's driver, Ray): they get the same
+                # grace, then the group is killed, so nothing of the command runs once we return
+                if not _group_ended(proc.pid, timeout=GROUP_GRACE_S):
+                    tell(signal.SIGKILL)
             except Stopped:  # the user insists
                 tell(signal.SIGKILL)
                 proc.wait()
+            _group_ended(proc.pid, timeout=5.0)
             raise CommandStopped(exc.signum, command=path) from None
+
+
+#: seconds a stopped command's remaining processes get to exit after its shell has ended, before SIGKILL
+GROUP_GRACE_S = 30.0
+
+
+def _group_ended(pgid: int, *, timeout: float) -> bool:
+    """Whether process group ``pgid`` has no running member within ``timeout`` seconds.
+
+    Zombies do not count: they run nothing, and reaping them is their new parent's job
+    (in a container whose init never reaps, they stay).  Without ``/proc`` the group
+    cannot be inspected and counts as ended.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while _running_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _running_members(pgid: int) -> list[int]:
+    """The pids of ``pgid``'s members that are not zombies (``/proc/PID/stat``: state, ppid, pgrp after the name)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    pids = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # the process ended while we looked
+            continue
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 #: the one line ``icsd train --engine trl`` prints when it replaces the preset's GiGPO

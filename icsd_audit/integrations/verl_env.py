@@ -54,9 +54,8 @@ def task_instructions(cfg: Any, split: str, n: int | None = None) -> list[str]:
         data = cfg.alfworld_data or None
         games = game_files(split, data=data)
         count = len(games) if n is None else min(n, len(games))
-        if getattr(games, "synthetic", True) and not data and not os.environ.get("ALFWORLD_DATA"):
-            entries = load_manifest()["splits"][split]
-            return [str(entries[i]["task_text"]) for i in range(count)]
+        if getattr(games, "synthetic", False):  # the generated games: their manifest holds each task's text
+            return [str(games.entries[i]["task_text"]) for i in range(count)]
         return [games.task_type(i) for i in range(count)]
     env = _env_factory(cfg)(split)
     count = env.num_tasks if n is None else min(n, env.num_tasks)

@@ -372,6 +372,45 @@ except CommandStopped as exc:
 """
 
 
+def test_a_job_that_outlives_its_stopped_shell_is_killed_after_the_grace(tmp_path):
+    """A job that ignores SIGTERM keeps running after its shell has ended: the launcher kills the group after the
+    grace (1 s here), so the child is gone when the launcher returns 143."""
+    import signal
+    import time
+
+    script = tmp_path / "verl_command.sh"
+    script.write_text(f"#!/usr/bin/env bash\ncd {tmp_path}\n"
+                      "(trap '' TERM; echo $BASHPID > child.pid; while true; do sleep 0.1; done) &\nwait\n")
+    command = RUN_COMMAND.replace("try:", "import icsd_audit.integrations.engines as e\ne.GROUP_GRACE_S = 1.0\ntry:", 1)
+    proc = subprocess.Popen([sys.executable, "-c", command, str(script)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)
+    child = int((tmp_path / "child.pid").read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert not _runs(child)
+
+
+def _runs(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (its state in /proc/PID/stat, else signal 0)."""
+    import os
+
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: signal 0 tells whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 @pytest.mark.parametrize("signum, code, body", [
     ("SIGTERM", 143, "sleep 60 & echo $! > child.pid\nwait\n"),
     ("SIGINT", 130, "(echo $BASHPID > child.pid; exec sleep 60)\n"),
@@ -398,7 +437,6 @@ def test_a_signal_to_the_verl_launcher_reaches_the_command_and_waits_for_it(tmp_
     assert err.strip().splitlines()[-1].startswith(f"stopped by {signum}: verl got the signal and has exited; its "
                                                    f"checkpoints are in {tmp_path / 'checkpoints'}; continue with: "
                                                    f"bash {script}")
-    for name in ("shell.pid", "child.pid"):  # nothing of the command runs on
-        pid = int((tmp_path / name).read_text())
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    for name in ("shell.pid", "child.pid"):  # nothing of the command runs on (a zombie runs nothing: a container's
+        pid = int((tmp_path / name).read_text())  # init may never reap the orphaned sleep)
+        assert not _runs(pid), name

@@ -34,10 +34,18 @@ def test_data_files_list_every_task_in_verl_agents_layout(tmp_path, env):
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["test.parquet", "train.parquet"]
 
 
-def test_alfworld_instructions_are_the_games_tasks_without_the_engine():
+@pytest.mark.parametrize("alfworld_data", [None, "~/.cache/alfworld"])
+def test_alfworld_instructions_are_the_games_tasks_without_the_engine(tmp_path, monkeypatch, alfworld_data):
+    """The generated games' task texts, also where importing alfworld has set $ALFWORLD_DATA to its empty default."""
     from icsd_audit.envs.alfworld.games import load_manifest
     from icsd_audit.integrations.verl_env import task_instructions
 
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if alfworld_data is None:
+        monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    else:
+        (tmp_path / ".cache" / "alfworld").mkdir(parents=True)
+        monkeypatch.setenv("ALFWORLD_DATA", os.path.expanduser(alfworld_data))
     cfg = TrainConfig.from_preset(preset_for("cpu-demo", "alfworld"), env="alfworld")
     got = task_instructions(cfg, "eval", 3)
     assert got == [e["task_text"] for e in load_manifest()["splits"]["eval"][:3]]
