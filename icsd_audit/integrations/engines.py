@@ -419,7 +419,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
     from icsd_audit.train.teacher import skill_retriever
 
     out, start = Path(cfg.out_dir), plan.start
-    set_threads(cfg.threads)  # as the built-in loop: one thread unless told (shared cores, docs/models.md)
+    set_threads(cfg.threads)  # as the built-in loop: the idle cores unless told (shared cores, docs/models.md)
     dev = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, dev)
     model, tok, peft_config = _trl_policy(cfg, dev)

@@ -81,7 +81,7 @@ class TrainConfig:
     total_steps: int = 150
     """Number of training steps (one rollout batch and its actor update each)."""
     threads: int | None = None
-    """CPU threads for torch (None: $ICSD_THREADS, else 1; see icsd_audit.threads for why)."""
+    """CPU threads for torch (None: $ICSD_THREADS, else the cores idle at the start, at least 1; see icsd_audit.threads for why)."""
     report_to: str = ""
     """Experiment trackers that also get every step's metrics and the config: comma-separated tensorboard, mlflow, trackio, wandb (each an optional extra, local stores by default; docs/compare.md); '' or 'none': metrics.jsonl only."""
 

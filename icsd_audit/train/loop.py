@@ -47,6 +47,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import random
 import time
 from contextlib import contextmanager
@@ -368,6 +369,10 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
 
     # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
     models = _models(cfg, device=device, ckpt=ckpt, precision=precision)
+    if device.type == "cpu":
+        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(),
+                  "threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
+                  else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
     policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
                                                        models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from icsd_audit.threads import env_threads
+from icsd_audit.threads import env_threads, idle_cores
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
@@ -97,13 +97,13 @@ class LoadedModel:
 def set_threads(n: int | None = None) -> int:
     """Set torch's intra-op CPU threads to ``n`` and return the number in force.
 
-    ``None`` reads ``ICSD_THREADS`` and otherwise uses 1. The reference machine has 2
-    *shared* cores: with other work on them a second OpenMP thread made SmolLM2's
+    ``None`` reads ``ICSD_THREADS`` and otherwise takes the cores idle at this moment
+    (:func:`icsd_audit.threads.idle_cores`, at least 1, at most 8). The reference machine has
+    2 *shared* cores: with other work on them a second OpenMP thread made SmolLM2's
     forward 2x and its forward+backward 5x slower (docs/models.md), while torch's own
-    default takes every core it sees. Pass ``n=2`` (or set ``ICSD_THREADS=2``) on an
-    otherwise idle machine. Inter-op threads are set to 1 when torch still allows it.
+    default takes every core it sees. Inter-op threads are set to 1 when torch still allows it.
     """
-    n = env_threads(default=1) if n is None else int(n)
+    n = env_threads(default=idle_cores()) if n is None else int(n)
     if n < 1:
         raise ValueError(f"thread count must be >= 1, got {n}")
     torch.set_num_threads(n)
