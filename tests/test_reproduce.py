@@ -20,7 +20,7 @@ fake WebShop server over the built-in catalogue (tests/envs/test_webshop_server.
 ``$NGOALS`` -> its goal count, ``$RET`` -> a stub Search-R1 retriever over the built-in KB
 (tests/envs/test_searchqa_server.py), ``$QA`` -> the built-in KB in Search-R1's files,
 ``$SK`` -> a small SDAR skills folder, ``ALFWORLD_DATA`` unset (the generated games).
-A command naming ALFWorld skips without the ``alfworld`` extra. One outcome other than
+A command naming ALFWorld is marked slow and skips without the ``alfworld`` extra. One outcome other than
 success is accepted, and only for an audit: a random model earns no reward, so every
 advantage of the tiny runs is 0, and a statistic that needs a non-zero RL direction
 (``icsd audit gradcos``) ends with its one-line "undefined in every batch" error, having
@@ -247,7 +247,14 @@ def test_the_page_has_commands_for_every_table_and_figure():
         assert f"### {anchor}" in text or f"## {anchor}" in text, anchor
 
 
-@pytest.mark.parametrize("index", range(len(_collect())), ids=[_label(i, c) for i, c in enumerate(_collect())])
+def _params() -> list[object]:
+    """One parameter per command; those naming ALFWorld are marked slow: with the alfworld extra installed they
+    add minutes to the default suite, so CI runs them in its ALFWorld step (``-m 'slow or not slow'``)."""
+    return [pytest.param(i, id=_label(i, c), marks=[pytest.mark.slow] if _needs_alfworld(c) else [])
+            for i, c in enumerate(_collect())]
+
+
+@pytest.mark.parametrize("index", _params())
 def test_reproduce_command_runs(index, workspace, monkeypatch, capsys):
     argv = tiny(workspace.commands[index])
     if _needs_alfworld(argv) and not engine_available():
