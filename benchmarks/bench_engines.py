@@ -12,7 +12,8 @@ TRL comes from the engines environment (docs/engines.md):
 (``--engines builtin`` runs without TRL.)
 
 **The same work on both.** Preset ``cpu-demo`` (its prompts, temperature, lr, KL, lambda, ICSD,
-activation checkpointing) with ``max_turns = 1``: one reply per episode, so the built-in turn
+activation checkpointing) without its warm start (the plain model, fully fine-tuned or with a
+fresh adapter of each ``--lora`` rank) and with ``max_turns = 1``: one reply per episode, so the built-in turn
 row and TRL's episode row are the same first prompt and one reply of at most
 ``--response`` tokens; ``--tasks`` x ``--group`` episodes; GRPO (TRL's advantage); one
 optimizer step per training step on both (built-in ``mini_batch_rows`` and
@@ -55,14 +56,15 @@ PHASES = ("rollout", "old_logp", "teacher", "reference", "actor", "other", "step
 
 
 def run_config(args: argparse.Namespace, lora: int, precision: str, out: Path) -> Any:
-    from icsd_audit.train.config import TrainConfig
+    from icsd_audit.train.config import TrainConfig, parse_override
 
     rows = args.tasks * args.group
-    return TrainConfig.from_preset(
+    cfg = TrainConfig.from_preset(
         "cpu-demo", model=args.model, out_dir=str(out), total_steps=1, max_turns=1, n_tasks=args.tasks,
         group_size=args.group, max_response_tokens=args.response, adv_estimator="grpo", mini_batch_rows=rows,
         micro_batch_rows=rows, rollout_batch_rows=rows, sketch_k=0, lora_rank=lora, precision=precision,
-        threads=args.threads, lr=args.lr)
+        threads=args.threads, lr=args.lr, init=None)  # the plain model: the preset's rank-4 warm start would fix the rank
+    return cfg.replace(**dict(parse_override(item) for item in args.set))
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -168,6 +170,8 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also the built-in loop with precision=bf16-mixed")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each run (both engines)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config field for every run, both engines (e.g. recompute_activations=false)")
     ap.add_argument("--worker", nargs=3, metavar=("ENGINE", "CFG", "RESULT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
