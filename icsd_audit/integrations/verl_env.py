@@ -49,7 +49,7 @@ def task_instructions(cfg: Any, split: str, n: int | None = None) -> list[str]:
     environment's task records.
     """
     if cfg.env == "alfworld":
-        from icsd_audit.envs.alfworld.games import game_files, load_manifest
+        from icsd_audit.envs.alfworld.games import game_files
 
         data = cfg.alfworld_data or None
         games = game_files(split, data=data)

@@ -362,6 +362,9 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
 def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: EnvFactory | None, overwrite: bool,
            stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
     out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
+    # why this many threads, read when they are chosen (the log line waits for the model's)
+    threads_why = ("threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
+                   else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
     set_threads(cfg.threads)
     map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
@@ -370,9 +373,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
     models = _models(cfg, device=device, ckpt=ckpt, precision=precision)
     if device.type == "cpu":
-        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(),
-                  "threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
-                  else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
+        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads_why)
     policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
                                                        models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
