@@ -11,7 +11,7 @@ float64 allocation, scatter back) for one mini-batch of the paper's size (Table 
 WebShop: 64 prompts x 8 rollouts = 512 turn rows; 8-row micro-batches), SDAR vs ICSD,
 over the whole mini-batch (one call) or micro-batch by micro-batch (one call each).
 
-Runs the real :class:`~icsd_audit.train.actor.Actor` update (PPO dual clip + k3 KL +
+Runs the real :class:`~icsd_audit.train.update.actor.Actor` update (PPO dual clip + k3 KL +
 allocated distillation, SGD with lr 0 so every repeat sees the same weights) on
 ``mini-batches`` actor mini-batches of ``rows`` random-token rows each (prompts of
 about ``prompt`` tokens, responses of about ``response``; ``micro`` rows per gradient
@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from icsd_audit.train.actor import Actor, Distillation, StepData
-from icsd_audit.train.loop import load_policy
+from icsd_audit.train.update.actor import Actor, Distillation, StepData
+from icsd_audit.train.models.loading import load_policy
 
 COMBOS = [("sdar", "mini-batch"), ("icsd", "mini-batch"), ("sdar", "micro-batch"), ("icsd", "micro-batch")]
 

@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/bench_train_sketch.py --prompt 500 --response 48 --rows 4 --k 128 --repeats 3
 
-Runs the real :class:`~icsd_audit.train.actor.Actor` update on one mini-batch of
+Runs the real :class:`~icsd_audit.train.update.actor.Actor` update on one mini-batch of
 ``rows`` random-token rows (prompts of about ``prompt`` tokens, responses of about
 ``response``; one micro-batch, as in the cpu-demo preset), with and without a
 :class:`~icsd_audit.grads.sketch.GradientSketcher` attached, interleaved so that load drift
@@ -23,8 +23,8 @@ import statistics
 import torch
 
 from icsd_audit.grads.sketch import GradientSketcher
-from icsd_audit.train.actor import Actor, Distillation, StepData
-from icsd_audit.train.loop import load_policy
+from icsd_audit.train.update.actor import Actor, Distillation, StepData
+from icsd_audit.train.models.loading import load_policy
 
 
 def main() -> None:

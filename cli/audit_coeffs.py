@@ -33,7 +33,7 @@ def coeffs(
 
     Example: icsd audit coeffs runs/dumps/ --out coeffs.parquet
     """
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
 
     check_output_file(out, paths)
     set_threads()

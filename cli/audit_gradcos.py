@@ -40,7 +40,7 @@ def gradcos(
 
     Example: icsd audit gradcos runs/dumps --permutations 1000 --json
     """
-    from icsd_audit.grads.cosines import run_gradcos
+    from icsd_audit.audit.gradcos import run_gradcos
 
     if permutations < 0:
         raise ValueError(f"--permutations must be >= 0, got {permutations}")

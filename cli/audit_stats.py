@@ -1,6 +1,6 @@
 """``icsd audit tcm | quadrants | shift | clip | landscape``: SPEC 6 statistics with bootstrap CIs.
 
-Each command is a few lines over :mod:`icsd_audit.stats.run`.  Tables go to the
+Each command is a few lines over :mod:`icsd_audit.audit.run`.  Tables go to the
 terminal; ``--json`` prints exactly one JSON object on stdout and nothing else
 there; progress goes to stderr only when stderr is a terminal.
 """
@@ -27,7 +27,7 @@ COMPARE_FLAG = {"allocator": "--compare"}
 def _request(settings: Any, base: Optional[str], compare: Optional[str], seed: Optional[int], resamples: int,
              confidence: float, unit: str, by: Optional[str], **extra: Any) -> Any:
     """The request for one set of files: the deployed side and SDAR with the settings ``settings`` resolved."""
-    from icsd_audit.stats.run import AuditRequest
+    from icsd_audit.audit.run import AuditRequest
 
     b, c = settings.pair(base, compare)
     return AuditRequest(base=b, compare=c, n_resamples=resamples, confidence_level=confidence, unit=unit,
@@ -35,7 +35,7 @@ def _request(settings: Any, base: Optional[str], compare: Optional[str], seed: O
 
 
 def _check_by(by: Optional[str]) -> None:
-    from icsd_audit.stats.run import BY_COLUMNS
+    from icsd_audit.audit.run import BY_COLUMNS
 
     if by is not None and by not in (*BY_COLUMNS, BY_SETTINGS):
         raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
@@ -96,8 +96,8 @@ def undefined_lines(payload: dict[str, Any]) -> list[str]:
 
 def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
     """``--by settings``: each group of files deployed alike, audited with its own settings."""
-    from icsd_audit.dumps.settings import settings_groups
-    from icsd_audit.stats.run import run_audit_groups
+    from icsd_audit.audit.settings import settings_groups
+    from icsd_audit.audit.run import run_audit_groups
 
     set_threads()
     groups = []
@@ -114,7 +114,7 @@ def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: di
 
 
 def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
-    from icsd_audit.stats.run import run_audit
+    from icsd_audit.audit.run import run_audit
 
     set_threads()
     # rich (about 40 ms of imports) only when a spinner will be shown
@@ -198,7 +198,7 @@ def landscape(
 
     Example: icsd audit landscape runs/dumps --grid 20 --resamples 2000 --json
     """
-    from icsd_audit.stats.run import run_landscape
+    from icsd_audit.audit.run import run_landscape
 
     set_threads()
     settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, trust=trust, trust_beta=trust_beta,

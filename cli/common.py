@@ -54,7 +54,7 @@ def audit_settings(paths: Any, *, flags: Any = None, **values: Any) -> Any:
     One ``note:`` line on stderr per recorded setting a flag replaces; files deployed with
     different settings are refused (one line naming two files and the field).
     """
-    from icsd_audit.dumps.settings import audit_settings as resolve
+    from icsd_audit.audit.settings import audit_settings as resolve
 
     s = resolve(paths, flags=flags, **values)
     for line in s.overrides:
@@ -64,16 +64,18 @@ def audit_settings(paths: Any, *, flags: Any = None, **values: Any) -> Any:
 
 def check_output_file(out: Any, paths: Any) -> None:
     """Refuse, before any work, an output file that is an input or cannot be written."""
+    from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_file as check
 
-    check(out, paths)
+    check(out, resolve_paths(paths) if paths else [])
 
 
 def check_output_dir(out: Any, paths: Any, owned: Callable[[str], bool]) -> None:
     """Refuse, before any work, an output directory that is or holds an input or cannot be written."""
+    from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_dir as check
 
-    check(out, paths, owned=owned)
+    check(out, resolve_paths(paths) if paths else [], owned=owned)
 
 
 def stderr_console() -> Any:

@@ -44,7 +44,7 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
 
     ``env_here=False``: the environment runs on another machine (``--engine verl --dry-run``).
     """
-    from icsd_audit.train.config import ConfigError, TrainConfig, parse_override, preset_for
+    from icsd_audit.train.config import ConfigError, TrainConfig, from_preset, parse_override, preset_for
 
     fields: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     given = {k: _FLAGS.get(k, "--" + k.replace("_", "-")) for k in fields}
@@ -53,7 +53,7 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
         fields[key] = value
         given[key] = f"--set {item.strip()}"
     try:
-        return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields).validate(env_here=env_here)
+        return from_preset(preset_for(preset, fields.get("env")), **fields).validate(env_here=env_here)
     except ConfigError as exc:
         named = [next((f"{given[k]}: {p}" for k in given if p.startswith(f"{k}=")), p) for p in exc.problems]
         raise ConfigError(named) from None
@@ -88,7 +88,7 @@ def _print_fields() -> None:
 
 def _note_prompt_changes(cfg: Any) -> None:
     """One line when the run's prompts differ from those a warm start (icsd sft) was fitted to."""
-    from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+    from icsd_audit.train.models.lora import is_adapter_dir, read_adapter_meta
     from icsd_audit.train.sft import prompt_changes
 
     init = cfg.init_path
@@ -238,12 +238,12 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     log_lines = plain or not sys.stderr.isatty()
     silence_bars()  # tqdm and Hugging Face bars: our bar or log lines say what runs
     from icsd_audit.train.loop import train
-    from icsd_audit.train.metrics import PrintReporter
+    from icsd_audit.train.run.metrics import PrintReporter
 
     model, init = o["model"], o["init"]
     if init is not None and model is None:  # an adapter names its base: --init alone is enough
         from icsd_audit.train.config import resolve_init
-        from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+        from icsd_audit.train.models.lora import is_adapter_dir, read_adapter_meta
 
         folder = str(resolve_init(str(init)))
         model = read_adapter_meta(folder).get("base_model") if is_adapter_dir(folder) else None
@@ -272,15 +272,15 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     if cfg.out_dir:
         check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")
     if engine == "builtin":  # before loading any data: a folder holding another run fails in a second
-        from icsd_audit.train.rundir import check_run_folder
+        from icsd_audit.train.run.folder import check_run_folder
 
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     _check_env_data(cfg)
     if cfg.policy != "model":
         if engine != "builtin":
             raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
-        from icsd_audit.train.metrics import PrintReporter
-        from icsd_audit.train.policy_run import play
+        from icsd_audit.train.run.metrics import PrintReporter
+        from icsd_audit.train.rollout.policy_run import play
 
         played = play(cfg, reporter=PrintReporter(), overwrite=overwrite)
         stderr_console().print(f"done: {len(played.records)} step(s) played by the {cfg.policy}; metrics "
@@ -419,7 +419,7 @@ def eval_cmd(
 
     if preset is None:
         preset = "paper" if policy == "expert" else "cpu-demo"
-    from icsd_audit.train.lora import base_of, is_adapter_dir
+    from icsd_audit.train.models.lora import base_of, is_adapter_dir
 
     from icsd_audit.train.config import resolve_init
 
@@ -484,8 +484,8 @@ def export_cmd(
     """
     _require_train_extra("export")
     silence_bars()  # no "Writing model shards" bar
-    from icsd_audit.train.lora import export_merged
-    from icsd_audit.train.models import set_threads
+    from icsd_audit.train.models.lora import export_merged
+    from icsd_audit.train.models.loading import set_threads
 
     set_threads(None)
     path = export_merged(model=model, adapter=adapter, out=out)

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from icsd_audit.alloc.segments import segment_sum
-from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, _calibrated,
-                                      _token_tensors, get_trust, shuffle_pairs)
+from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, calibrated,
+                                      token_tensors, get_trust, shuffle_pairs)
 from icsd_audit.tokens import Tokens
 
 __all__ = ["permuted_coefficients"]
@@ -48,7 +48,7 @@ def permuted_coefficients(
     Tokens come as a :class:`~icsd_audit.tokens.Tokens` or as keyword arrays, as for
     :func:`~icsd_audit.alloc.variants.allocate`.
     """
-    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
+    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = token_tensors(
         tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
         valid=valid)
     tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
@@ -56,7 +56,7 @@ def permuted_coefficients(
     p, device, dtype = len(seeds), a.device, a.dtype
     g, _ = get_trust(trust)(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
     fallback = (a < 0) & (d < 0)
-    m0 = _calibrated(a * r * d, lay, eta=influence_eta, eps=eps, min_group=min_group).m
+    m0 = calibrated(a * r * d, lay, eta=influence_eta, eps=eps, min_group=min_group).m
 
     n = a.numel()
     m = m0.unsqueeze(0).repeat(p, 1)

@@ -237,7 +237,7 @@ def trust_names() -> list[str]:
 # --- scores (SPEC 4-5) -----------------------------------------------------------
 
 
-def _calibrated(x: Tensor, lay: Layout, *, eta: float, eps: float, min_group: int) -> _Score:
+def calibrated(x: Tensor, lay: Layout, *, eta: float, eps: float, min_group: int) -> _Score:
     """Phi_G(x) with the group -> batch -> fixed-map fallback chain of SPEC 4.2.
 
     The batch fit is only needed when some group is unusable; otherwise the centred
@@ -265,14 +265,14 @@ def _calibrated(x: Tensor, lay: Layout, *, eta: float, eps: float, min_group: in
 
 
 def _score_icsd(*, u: Tensor, advantage: Tensor, ratio: Tensor, lay: Layout, eta: float, eps: float, min_group: int, **_: object) -> _Score:
-    return _calibrated(u, lay, eta=eta, eps=eps, min_group=min_group)
+    return calibrated(u, lay, eta=eta, eps=eps, min_group=min_group)
 
 
 def _score_fisher(*, advantage: Tensor, ratio: Tensor, score_norm: Tensor, lay: Layout, eta: float, eps: float,
                   min_group: int, **_: object) -> _Score:
     # |A * rho| alone is constant over a turn wherever rho is, and turn mass matching
     # cancels per-turn constants; the per-token score norm is what varies inside a turn.
-    return _calibrated((advantage * ratio).abs() * score_norm, lay, eta=eta, eps=eps, min_group=min_group)
+    return calibrated((advantage * ratio).abs() * score_norm, lay, eta=eta, eps=eps, min_group=min_group)
 
 
 def _score_sign(*, u: Tensor, **_: object) -> _Score:
@@ -301,7 +301,7 @@ def _score_permuted(*, u: Tensor, fallback: Tensor, lay: Layout, eta: float, eps
     device.  Sorting C tokens by (batch, key) and by (batch, position) pairs the
     i-th slot of each batch in both orders: a uniform within-batch permutation.
     """
-    base = _calibrated(u, lay, eta=eta, eps=eps, min_group=min_group)
+    base = calibrated(u, lay, eta=eta, eps=eps, min_group=min_group)
     src, dst = shuffle_pairs(fallback, lay, seed)
     m = base.m.clone()
     m[dst] = base.m[src]
@@ -486,7 +486,7 @@ def allocate(
     ``score_norm`` (SPEC 1, optional column) is the per-token norm of the sampled
     token's log-probability gradient w.r.t. the logits; ``fisher`` requires it.
     """
-    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
+    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = token_tensors(
         tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
         valid=valid)
     spec = get_allocator(allocator)
@@ -540,7 +540,7 @@ def check_settings(*, trust_beta: float = SIGMOID_BETA, trust_eta: float = TRUST
         raise ValueError(f"min_group must be an integer >= 1, got {min_group!r}")
 
 
-def _token_tensors(tokens: Tokens | None, **arrays: Tensor | None) -> tuple[Tensor | None, ...]:
+def token_tensors(tokens: Tokens | None, **arrays: Tensor | None) -> tuple[Tensor | None, ...]:
     """The seven input arrays, from a Tokens or from keywords (never both)."""
     names = ("advantage", "ratio", "delta", "traj_id", "turn_id", "batch_id", "valid")
     if tokens is not None:

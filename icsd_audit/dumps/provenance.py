@@ -154,7 +154,7 @@ def producer_block(producer: Mapping[str, Any] | str | None = None, /, *, rank: 
     this package's unless given.  ``rank`` / ``world_size`` fill the keys the mapping
     leaves unset.  Non-finite numbers in free keys become ``None``.
     """
-    from icsd_audit import __version__
+    from icsd_audit.version import __version__
 
     given = {"name": producer} if isinstance(producer, str) else dict(producer or {})
     given.update(fields)

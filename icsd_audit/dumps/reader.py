@@ -13,7 +13,7 @@ The ``icsd.dump`` metadata of every file is checked when the reader opens it: a
 foreign schema, an unknown major version or a blob that is not a JSON object is
 refused; a file without the blob gets one warning (:class:`DumpWarning`), and so do
 files whose synthetic flags disagree (recorded allocator settings are compared by the
-audit that applies them, :mod:`icsd_audit.dumps.settings`).
+audit that applies them, :mod:`icsd_audit.audit.settings`).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def check_metadata(paths: Sequence[Path], metas: Sequence[dict | None]) -> None:
     """Warn once about files without provenance and about files whose synthetic flags disagree.
 
     Recorded allocator settings are compared where an audit applies them
-    (:mod:`icsd_audit.dumps.settings`): files that differ in a setting that changes
+    (:mod:`icsd_audit.audit.settings`): files that differ in a setting that changes
     coefficients are refused there, not pooled with a warning.
     """
     missing = [p for p, m in zip(paths, metas) if m is None]

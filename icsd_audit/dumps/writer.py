@@ -284,7 +284,7 @@ class StepCommit:
         A committed step of the same name (a resumed run redoing it) is replaced: swapped
         out atomically where the file system allows, then removed.
         """
-        from icsd_audit.outputs import _exchange, staging_dir
+        from icsd_audit.outputs import exchange_paths, staging_dir
 
         self.writer._stage = None
         if not any(self.staged.iterdir()):
@@ -296,7 +296,7 @@ class StepCommit:
         if not self.target.is_dir() or self.target.is_symlink():
             raise FileExistsError(errno.EEXIST, "exists and is not a step folder this writer committed",
                                   str(self.target))
-        if _exchange(self.staged, self.target):
+        if exchange_paths(self.staged, self.target):
             shutil.rmtree(self.staged, ignore_errors=True)  # it now holds the replaced step
         else:  # no atomic exchange here: the old step leaves first, for a moment neither is there
             old = staging_dir(self.target, "old")

@@ -212,7 +212,7 @@ def teacher_pass(batch: Any, actor_rollout_wg: Any, tokenizer: Any, bank: Any, *
     from verl import DataProto
     from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 
-    from icsd_audit.integrations.verl_trainer import privileged_prompts
+    from icsd_audit.integrations.verl.trainer import privileged_prompts
 
     td = batch.batch
     prompts, responses, att = td["prompts"], td["responses"], td["attention_mask"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from icsd_audit.alloc.options import AllocatorOptions
-from icsd_audit.grads.cosines import GradcosSummary
+from icsd_audit.audit.gradcos import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
 
 __all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
@@ -106,7 +106,7 @@ class ReportOptions:
 
     @classmethod
     def deployed(cls, base: AllocatorOptions, compare: AllocatorOptions, **options: Any) -> "ReportOptions":
-        """Report options for the pair of :meth:`~icsd_audit.dumps.settings.AuditSettings.pair` (the two share
+        """Report options for the pair of :meth:`~icsd_audit.audit.settings.AuditSettings.pair` (the two share
         every setting); ``options``: the other fields (``n_resamples``, ``seed``, ...)."""
         return cls(base=base.allocator, compare=compare.allocator, trust=compare.trust, trust_beta=compare.trust_beta,
                    trust_eta=compare.trust_eta, influence_eta=compare.influence_eta, min_group=compare.min_group,

@@ -254,13 +254,13 @@ def test_affine_invariance_of_scores(items: list[tuple[int, int]], a: float, shi
     up to exp() rounding.  The floor eps scales with a as well (usability is a
     statement about the raw scales relative to eps).
     """
-    from icsd_audit.alloc.variants import Layout, _calibrated
+    from icsd_audit.alloc.variants import Layout, calibrated
 
     turn = torch.tensor([t for t, _ in items])
     u = torch.tensor([v / 8 for _, v in items], dtype=torch.float64)
     lay = Layout.build(torch.zeros_like(turn), torch.zeros_like(turn), turn)
-    m1 = _calibrated(u, lay, eta=0.5, eps=1e-4, min_group=8)
-    m2 = _calibrated(a * u + shift, lay, eta=0.5, eps=1e-4 * a, min_group=8)
+    m1 = calibrated(u, lay, eta=0.5, eps=1e-4, min_group=8)
+    m2 = calibrated(a * u + shift, lay, eta=0.5, eps=1e-4 * a, min_group=8)
     assume(m1.groups_fixed_map == 0)  # the fixed map is not fitted, hence not invariant
     assert torch.allclose(m1.m, m2.m, rtol=1e-12, atol=1e-15)
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from icsd_audit.alloc.options import AllocatorOptions
-from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.audit.coeffs import compute_coefficients
 from icsd_audit.dumps.reader import METADATA_KEY, DumpReader, DumpWarning
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic

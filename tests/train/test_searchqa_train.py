@@ -53,7 +53,7 @@ def test_searchqa_settings_are_validated(tmp_path):
 
 
 def test_student_prompt_asks_for_search_r1_tags_and_lists_no_actions():
-    from icsd_audit.train.prompts import TurnContext, student_messages
+    from icsd_audit.train.rollout.prompts import TurnContext, student_messages
 
     ctx = TurnContext(task="who sang Falling Rain?", observation="No search results yet.", actions=None, env="searchqa")
     text = student_messages(ctx)[0]["content"]
@@ -63,7 +63,7 @@ def test_student_prompt_asks_for_search_r1_tags_and_lists_no_actions():
 
 
 def test_teacher_retrieves_skills_by_data_source():
-    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher.skills import load_skillbank
 
     bank = load_skillbank("searchqa")
     q = "Who founded the company that produced The Painted Horizon?"
@@ -74,7 +74,7 @@ def test_teacher_retrieves_skills_by_data_source():
 
 def test_group_success_is_the_unweighted_subset_mean():
     from icsd_audit.train.eval import group_success
-    from icsd_audit.train.rollout import RolloutBatch, Trajectory
+    from icsd_audit.train.rollout.collect import RolloutBatch, Trajectory
 
     env = SearchQAEnv("eval")  # tasks 0..6 are NQ, Triv, Pop, Hotp, 2Wk, MuS, Bam, then again
     won = {0: True, 7: False, 14: False, 1: True, 8: True, 3: False}

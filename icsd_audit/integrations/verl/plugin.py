@@ -1,0 +1,57 @@
+"""ICSD inside verl (``pip install 'icsd-audit[verl]'``; tested: verl 0.9.1): the plug-in.
+
+verl imports every module of the ``verl.plugins`` entry-point group in every process
+(``import verl``; ``VERL_USE_EXTERNAL_PLUGINS=none`` turns that off).  Importing this
+module
+
+1. checks that verl is in the tested range and that every verl function the
+   integration wraps still has the signature it was written against
+   (:mod:`~icsd_audit.integrations.verl.compat`);
+2. registers the ``icsd_sync`` trainer and the ``gigpo`` advantage estimator
+   (:mod:`~icsd_audit.integrations.verl.trainer`, :mod:`~icsd_audit.integrations.verl.gigpo`);
+3. registers ``icsd``, ``sdar`` and the ablations as losses of verl's distillation
+   registry (:mod:`~icsd_audit.integrations.verl.distill`).
+
+verl logs a plug-in that fails to load only at debug level, so a failure here logs an
+ERROR and a ``RuntimeWarning`` and raises :class:`VerlCompatError`.  The worker loss
+:func:`icsd_ppo_loss` (both allocation scopes) lives in
+:mod:`~icsd_audit.integrations.verl.loss` and is re-exported here.  Nothing in the
+integration imports this module back, so any of its modules can be imported first.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from icsd_audit.integrations.core import C_KEY, TEACHER_KEY
+from icsd_audit.integrations.verl.compat import resolve_dotted  # noqa: F401  (the signature tests use it from here)
+from icsd_audit.integrations.verl.compat import EXPECTED_SIGNATURES, TESTED_VERL, VerlCompatError, check_verl
+from icsd_audit.integrations.verl.loss import MicroBatchScope, icsd_ppo_loss
+
+__all__ = ["C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss", "check_verl",
+           "EXPECTED_SIGNATURES"]
+
+log = logging.getLogger("icsd_audit.integrations.verl.plugin")
+
+
+def _plugin_check() -> None:
+    """Run at import: check verl, register the trainer, the estimator and the distillation losses.
+
+    Fails loudly (an ERROR log line and a RuntimeWarning, then the exception), not at
+    verl's debug level.
+    """
+    try:
+        check_verl()
+        from icsd_audit.integrations.verl.distill import register_losses
+        from icsd_audit.integrations.verl.trainer import register
+
+        register()
+        register_losses()
+    except (VerlCompatError, ImportError, ValueError) as e:
+        log.error("icsd verl plug-in cannot register: %s", e)
+        warnings.warn(f"icsd verl plug-in cannot register: {e}", RuntimeWarning, stacklevel=2)
+        raise
+
+
+_plugin_check()

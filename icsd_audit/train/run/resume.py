@@ -1,0 +1,108 @@
+"""Before and after a run of :func:`~icsd_audit.train.loop.train`: what it starts from, and what a stop reports.
+
+:func:`plan_run` does every check that needs no model and writes nothing: the run
+folder (:mod:`.rundir`), an ``--out`` that is, holds or lies inside an input, and the
+checkpoint a resume continues from (read without running code, :mod:`.checkpoint`).
+:func:`check_services` sends one request to each server the run depends on.
+:class:`TrainingStopped` is what ``train`` raises on SIGTERM or SIGINT: which steps are
+complete and the one line saying how to continue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from icsd_audit.outputs import Stopped, check_not_input
+from icsd_audit.train.run.checkpoint import (CheckpointError, checkpoint_dir, is_checkpoint, latest_checkpoint,
+                                         load_trainer_state)
+from icsd_audit.train.config import TrainConfig
+from icsd_audit.train.run.folder import check_run_folder, held_run, stop_line
+
+__all__ = ["Plan", "plan_run", "resume_checkpoint", "check_services", "TrainingStopped", "Progress"]
+
+
+def resume_checkpoint(cfg: TrainConfig, resume: str | Path | bool | None) -> Path | None:
+    """The checkpoint a resume continues from: the newest complete one (None: start again at step 0), or the one given.
+
+    A checkpoint given by path must be this run folder's own or start a new folder: one
+    older than checkpoints already in ``out_dir`` would splice two histories together.
+    """
+    if resume in (None, False, ""):
+        return None
+    out = Path(cfg.out_dir)
+    if resume is True or str(resume) in ("auto", "latest"):
+        return latest_checkpoint(out)
+    p = Path(resume)
+    if not is_checkpoint(p):
+        raise CheckpointError(f"--resume-from {p}: not a checkpoint folder (no trainer_state.json); "
+                              f"pass a folder under <out>/checkpoints/")
+    own = checkpoint_dir(out).resolve() == p.resolve().parent
+    if not own and held_run(out):
+        raise CheckpointError(f"--resume-from {p} is not a checkpoint of --out {out}, which holds another run; "
+                              "continue from it into a new --out")
+    newest = latest_checkpoint(out)
+    if own and newest is not None and newest.resolve() != p.resolve() and newest.name > p.name:
+        raise CheckpointError(f"--resume-from {p}: {newest} is newer; resuming from an older checkpoint would splice "
+                              "two histories into one folder: continue from it into a new --out instead")
+    return p
+
+
+@dataclass
+class Plan:
+    """What the read-only checks before a run decided."""
+
+    out: Path
+    resuming: bool
+    checkpoint: Path | None
+    state: dict[str, Any] | None
+    start: int
+
+
+def plan_run(cfg: TrainConfig, *, resume: str | Path | bool | None, overwrite: bool) -> Plan:
+    """Every check that needs no model and writes nothing: the run folder, inputs, the resume checkpoint."""
+    out = Path(cfg.out_dir)
+    resuming = resume not in (None, False, "")
+    check_not_input(out, cfg.input_paths(), option="--out")
+    check_run_folder(out, resume=resuming, overwrite=overwrite)
+    ckpt = resume_checkpoint(cfg, resume)
+    if ckpt is not None and checkpoint_dir(out).resolve() != ckpt.resolve().parent:
+        check_not_input(out, {"checkpoint": str(ckpt)}, option="--out")
+    state = load_trainer_state(ckpt) if ckpt is not None else None
+    return Plan(out, resuming, ckpt, state, int(state["next_step"]) if state else 0)
+
+
+def check_services(cfg: TrainConfig) -> None:
+    """One request to each server the run depends on, before any work: a dead one fails now, not mid-run."""
+    if cfg.env == "searchqa" and cfg.retriever_url:
+        from icsd_audit.envs.searchqa import ServerRetriever
+
+        try:
+            ServerRetriever(cfg.retriever_url, timeout=30.0).search(["icsd start-up probe"], 1)
+        except (ConnectionError, ValueError) as exc:
+            raise ConnectionError(f"retriever_url: {exc} (probed once at start)") from None
+
+
+class TrainingStopped(Stopped):
+    """:func:`train` stopped by SIGTERM or SIGINT: what is complete, and :meth:`line` to say how to continue."""
+
+    def __init__(self, signum: int, *, out: Path, started: bool, step: int | None, first: int, done: int,
+                 checkpoint: Path | None):
+        self.out, self.started, self.step, self.first, self.done = out, started, step, first, done
+        self.checkpoint = checkpoint
+        super().__init__(signum)
+        self.args = (self.line(),)
+
+    def line(self, resume_command: str | None = None) -> str:
+        return stop_line(self.signal_name, out=self.out, started=self.started, step=self.step, first=self.first,
+                         done=self.done, checkpoint=self.checkpoint, resume_command=resume_command)
+
+
+@dataclass
+class Progress:
+    """Where a run stands, for the line a stop prints."""
+
+    done: int
+    started: bool = False
+    step: int | None = None
