@@ -129,16 +129,11 @@ def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
 
 def _stat_command(statistic: str, doc: str, example: str) -> None:
     @handle_errors
+    @O.allocator_options()
     def command(
         paths: List[Path] = O.PATHS,
         base: Optional[str] = O.BASE,
         compare: Optional[str] = O.COMPARE,
-        trust: Optional[str] = O.TRUST,
-        trust_beta: Optional[float] = O.TRUST_BETA,
-        trust_eta: Optional[float] = O.TRUST_ETA,
-        influence_eta: Optional[float] = O.INFLUENCE_ETA,
-        min_group: Optional[int] = O.MIN_GROUP,
-        eps: Optional[float] = O.EPS,
         resamples: int = O.RESAMPLES,
         confidence: float = O.CONFIDENCE,
         unit: str = typer.Option("action-turn", help="Resampling unit: action-turn (stratified by batch) or batch."),
@@ -148,10 +143,10 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         clip_eps: float = O.CLIP_EPS,
         dual_clip: float = O.DUAL_CLIP,
         as_json: bool = O.JSON,
+        *, settings: dict[str, Any],
     ) -> None:
         _check_by(by)
-        flags = dict(allocator=compare, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
-                     influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+        flags = dict(allocator=compare, **settings, seed=seed)
         request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
         if by == BY_SETTINGS:
@@ -177,21 +172,17 @@ _stat_command("clip", "Clipping exposure: tokens and mass where the clipped surr
 
 @audit_app.command("landscape")
 @handle_errors
+@O.allocator_options()
 def landscape(
     paths: List[Path] = O.PATHS,
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,
-    trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA,
-    trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA,
-    min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS,
     grid: int = O.GRID,
     seed: Optional[int] = O.SEED,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
+    *, settings: dict[str, Any],
 ) -> None:
     """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env), its
     Gaussian-kernel smoothing and the region multipliers with action-turn bootstrap CIs.
@@ -201,8 +192,7 @@ def landscape(
     from icsd_audit.audit.run import run_landscape
 
     set_threads()
-    settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, trust=trust, trust_beta=trust_beta,
-                              trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)
     res = run_landscape(paths, req, grid=grid)
     base, compare = req.base.allocator, req.compare.allocator

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "Allocation": "icsd_audit.alloc.variants",
     "allocator_names": "icsd_audit.alloc.variants",
     "trust_names": "icsd_audit.alloc.variants",
+    "AllocatorSettings": "icsd_audit.alloc.settings",
     "AllocatorOptions": "icsd_audit.alloc.options",
     "weight_pair": "icsd_audit.alloc.options",
     "permuted_coefficients": "icsd_audit.alloc.permutation",
@@ -83,6 +84,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from icsd_audit.alloc.options import AllocatorOptions, weight_pair
     from icsd_audit.alloc.permutation import permuted_coefficients
+    from icsd_audit.alloc.settings import AllocatorSettings
     from icsd_audit.alloc.variants import Allocation, allocate, allocator_names, trust_names
     from icsd_audit.audit.coeffs import compute_coefficients
     from icsd_audit.dumps.reader import DumpError, DumpReader, read_dumps

@@ -49,7 +49,7 @@ def test_help_does_not_import_torch() -> None:
 
 
 PUBLIC = {
-    "__version__", "Tokens", "Weights", "allocate", "Allocation", "allocator_names", "trust_names", "AllocatorOptions",
+    "__version__", "Tokens", "Weights", "allocate", "Allocation", "allocator_names", "trust_names", "AllocatorSettings", "AllocatorOptions",
     "weight_pair", "permuted_coefficients", "read_dumps", "DumpReader", "DumpError", "DumpWriter", "compute_coefficients",
     "tcm", "quadrants", "quadrant_shares", "share_shift", "clip_exposure", "audit", "landscape", "AuditAccumulator",
     "LandscapeAccumulator", "run_gradcos", "audit_dumps", "write_report", "ReportOptions",

@@ -109,7 +109,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
             summary.diagnostics.append({"batch_id": batch.batch_id, **d.to_dict()})
 
         meta = merged_metadata(reader)
-        meta["audit_coeffs"] = {"allocator": opts.kwargs()}
+        meta["audit_coeffs"] = {"allocator": opts.to_dict()}
         tmp_out = Path(tmp) / "out.partial"  # not *.parquet: no reader ever takes it for a dump
         writer: pq.ParquetWriter | None = None
         try:

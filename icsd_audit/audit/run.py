@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.api import AuditAccumulator, AuditResults, GroupedResult, LandscapeAccumulator, LandscapeResult
@@ -41,7 +42,7 @@ class AuditRequest:
     seed: int = 0
     workers: int = 1
     by: str | None = None
-    eps: float = 1e-4
+    eps: float = DEFAULTS.eps
     clip_eps: float = 0.2
     dual_clip: float = 3.0
     n_bins: int = 5

@@ -150,7 +150,7 @@ def _warn(files: Sequence[Path], metas: Sequence[Mapping[str, Any]], s: AuditSet
 
 
 def _options_text(o: AllocatorOptions) -> str:
-    return ", ".join(f"{k}={_fmt(getattr(o, k))}" for k in relevant_keys(o.kwargs()))
+    return ", ".join(f"{k}={_fmt(getattr(o, k))}" for k in relevant_keys(o.to_dict()))
 
 
 def audit_settings(paths: Sequence[str | Path], *, flags: Mapping[str, str] | None = None,

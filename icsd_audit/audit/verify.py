@@ -207,7 +207,7 @@ def verify_dumps(paths: Sequence[str | Path], *, rtol: float = STORAGE_RTOL, ato
         out.append(_verify_batch(batch, reader.paths, opts, checked, rtol, atol))
         if progress is not None:
             progress(i + 1, n)
-    distinct = {tuple(sorted(o.kwargs().items())): o.kwargs() for o in opts}
+    distinct = {tuple(sorted(o.to_dict().items())): o.to_dict() for o in opts}
     return VerifyResult(tuple(out), tuple(str(p) for p in reader.paths), checked, rtol, atol,
                         tuple(distinct.values()))
 

@@ -80,7 +80,7 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
         "synthetic": synthetic,
         "icsd_version": __version__,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "audit": {"base": opts.allocator(opts.base).kwargs(), "compare": opts.allocator(opts.compare).kwargs()},
+        "audit": {"base": opts.allocator(opts.base).to_dict(), "compare": opts.allocator(opts.compare).to_dict()},
     }
 
 

@@ -10,13 +10,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from icsd_audit.alloc.variants import (
-    AllocatorSpec,
-    allocate,
-    allocator_names,
-    get_allocator,
-    register_allocator,
-)
+from icsd_audit.alloc.registry import AllocatorSpec, allocator_names, get_allocator, register_allocator
+from icsd_audit.alloc.variants import allocate
 from icsd_audit.alloc.segments import dense_ids, segment_median
 from tests.alloc.reference_allocator import reference_allocate
 
@@ -254,7 +249,8 @@ def test_affine_invariance_of_scores(items: list[tuple[int, int]], a: float, shi
     up to exp() rounding.  The floor eps scales with a as well (usability is a
     statement about the raw scales relative to eps).
     """
-    from icsd_audit.alloc.variants import Layout, calibrated
+    from icsd_audit.alloc.layout import Layout
+    from icsd_audit.alloc.scores import calibrated
 
     turn = torch.tensor([t for t, _ in items])
     u = torch.tensor([v / 8 for _, v in items], dtype=torch.float64)

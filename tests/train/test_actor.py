@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.train.update.actor import (
     Actor,
     Distillation,
@@ -154,7 +155,7 @@ def _data(model, tok, n_rows=6, seed=0) -> StepData:
 
 def _actor(model, tok, *, micro: int, mini: int, distill=True, skip=True, allocator="icsd", **kw) -> Actor:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    d = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5) \
+    d = Distillation(AllocatorSettings(allocator=allocator, min_group=2), coef=0.5) \
         if distill else NoDistillation()
     return Actor(model, opt, distill=d, clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, temperature=1.0,
                  mini_batch_rows=mini, micro_batch_rows=micro, ppo_epochs=1, grad_clip=1e9, skip_first_prepass=skip,

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.train.update.hybrid import (Hybrid, HybridSpec, get_hybrid, hybrid_names, register_hybrid, rlsd_lambda,
                                      rlsd_token_advantage, sdl_loss)
 from icsd_audit.train.update.losses import low_var_kl, ppo_dual_clip_loss, token_losses
@@ -265,7 +266,7 @@ def test_actor_refuses_a_hybrid_with_an_allocation(tiny):
     from icsd_audit.train.update.actor import Actor, Distillation
 
     model, tok = tiny
-    d = Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5)
+    d = Distillation(AllocatorSettings(allocator="icsd", min_group=2), coef=0.5)
     with pytest.raises(ValueError, match="NoDistillation"):
         Actor(model, torch.optim.SGD(model.parameters(), lr=0.1), distill=d, clip_ratio=0.2, dual_clip=3.0,
               kl_coef=0.1, temperature=1.0, mini_batch_rows=6, micro_batch_rows=2, ppo_epochs=1, grad_clip=1e9,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.train.config import ConfigError, TrainConfig
 from tests.train.test_loop import SKILLS, tiny_cfg, varied_factory
 
@@ -82,8 +83,7 @@ def test_actor_sketch_rows_are_the_exact_per_token_gradients():
     data.teacher_logp = [lp + 0.3 for lp in data.old_logp]
     sk = GradientSketcher(model, k_out=K, k_in=K, seed=5, temperature=T)
     actor = Actor(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                  distill=Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0,
-                                       coef=0.01),
+                  distill=Distillation(AllocatorSettings(allocator="icsd", min_group=2), coef=0.01),
                   clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, temperature=T, mini_batch_rows=5, micro_batch_rows=2,
                   ppo_epochs=1, grad_clip=1.0, skip_first_prepass=True, shuffle_rows=False, seed=0,
                   pad_id=tok.pad_token_id, device=cpu, sketcher=sk)

@@ -205,7 +205,7 @@ class ICSDGRPOTrainer(GRPOTrainer):
         delta = (g_tea - g_stu).float()
         turns = turn_ids_from_mask(g_mask.bool())
         alloc = allocate_padded(advantage=g_adv, ratio=1.0, delta=delta, response_mask=g_mask.bool(), traj_id=traj,
-                                turn_id=turns, batch_id=batch_id, **self.icsd.allocator_kwargs())
+                                turn_id=turns, batch_id=batch_id, settings=self.icsd)
         lo = acc.process_index * B_local
         out["icsd_c"] = alloc.c[lo:lo + B_local, :T_local].to(student.dtype)
         out["icsd_teacher_logps"] = teacher

@@ -44,11 +44,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA
+from icsd_audit.alloc.settings import DEFAULTS, SETTING_NAMES, AllocatorSettings
 from icsd_audit.integrations.checks import BatchInputError, TrajNames, check_values
 from icsd_audit.integrations.core import (C_KEY, TEACHER_KEY, PaddedAllocation, allocate_padded, distillation_loss,
                                           dump_writer, stable_traj_id, tcm_sums, turn_ids_from_mask, write_dump)
@@ -145,28 +144,22 @@ _COUNTERS: dict[int, tuple[int, int]] = {}  # rank -> (step, next micro-batch in
 
 
 @dataclass(frozen=True)
-class MicroBatchScope:
+class MicroBatchScope(AllocatorSettings):
     """Allocate in the worker loss, per gradient micro-batch, from the micro-batch's own forward.
 
-    The allocator settings are :func:`~icsd_audit.alloc.variants.allocate`'s; with
+    The allocator settings are the inherited :class:`~icsd_audit.alloc.settings.AllocatorSettings`; with
     ``dump_dir`` each allocated micro-batch becomes one dump shard, written by the first
     rank of every data shard (shard names carry the data-parallel rank).
     """
 
-    allocator: str = "icsd"
-    trust: str = "laplace"
-    trust_beta: float = SIGMOID_BETA
-    min_group: int = MIN_GROUP
-    eps: float = EPS
-    seed: int = 0
-    #: folder for schema-v1 dumps; empty: none.
     dump_dir: str = ""
-    #: the producer's name in the dumps' metadata.
+    """folder for schema-v1 dumps; empty: none."""
     producer: str = "icsd.verl.worker-loss"
+    """the producer's name in the dumps' metadata."""
 
-    def settings(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, min_group=self.min_group,
-                    eps=self.eps, seed=self.seed)
+    def settings(self) -> AllocatorSettings:
+        """The allocator's eight settings alone."""
+        return AllocatorSettings.from_mapping(self.to_dict())
 
     def _writer(self, rank: int, world: int) -> Any:
         key = (self.dump_dir, rank)
@@ -202,7 +195,7 @@ class MicroBatchScope:
         _COUNTERS[rank] = (step_now, j + 1)
         bid = max(step_now, 0) * _STEP_STRIDE + j * world + rank
         a = allocate_padded(advantage=adv, ratio=ratio, delta=delta, response_mask=mask, traj_id=traj, turn_id=turn,
-                            batch_id=bid, traj_names=names, **self.settings())
+                            batch_id=bid, traj_names=names, settings=self.settings())
         seconds = time.perf_counter() - t0
         if self.dump_dir and writes:
             write_dump(self._writer(rank, world), a, batch_id=bid, traj_id=traj, advantage=adv, ratio=ratio,
@@ -262,25 +255,22 @@ def icsd_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
 def scope_from_env(allocator: str, *, producer: str) -> MicroBatchScope:
     """A :class:`MicroBatchScope` for ``allocator`` with settings from ``ICSD_*`` environment variables.
 
-    ``ICSD_TRUST``, ``ICSD_TRUST_BETA``, ``ICSD_MIN_GROUP``, ``ICSD_EPS``, ``ICSD_SEED``,
+    ``ICSD_<SETTING>`` for each allocator setting but the allocator (``ICSD_TRUST``, ``ICSD_TRUST_BETA``,
+    ``ICSD_TRUST_ETA``, ``ICSD_INFLUENCE_ETA``, ``ICSD_EPS``, ``ICSD_MIN_GROUP``, ``ICSD_SEED``) and
     ``ICSD_DUMP_DIR`` (SPEC defaults where unset): the channel into verl's workers for
     settings verl's own config has no field for.  A bad value is one line naming the variable.
     """
     env = os.environ
-
-    def num(name: str, cast: type, default: Any) -> Any:
-        raw = env.get(name)
-        if raw is None or raw == "":
-            return default
+    values: dict[str, Any] = {"allocator": allocator}
+    for name in SETTING_NAMES:
+        var = f"ICSD_{name.upper()}"
+        raw = env.get(var)
+        if name == "allocator" or raw is None or raw == "":
+            continue
+        cast = type(getattr(DEFAULTS, name))
         try:
-            v = cast(raw)
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not a valid {cast.__name__}") from None
-        if not np.isfinite(float(v)):
-            raise ValueError(f"{name}={raw!r} must be finite")
-        return v
-
-    return MicroBatchScope(allocator=allocator, trust=env.get("ICSD_TRUST") or "laplace",
-                           trust_beta=num("ICSD_TRUST_BETA", float, SIGMOID_BETA),
-                           min_group=num("ICSD_MIN_GROUP", int, MIN_GROUP), eps=num("ICSD_EPS", float, EPS),
-                           seed=num("ICSD_SEED", int, 0), dump_dir=env.get("ICSD_DUMP_DIR", ""), producer=producer)
+            values[name] = cast(raw)
+            DEFAULTS.replace(**{name: values[name]})  # validated here so that the message names the variable
+        except ValueError as e:
+            raise ValueError(f"{var}={raw!r}: {e}") from None
+    return MicroBatchScope(**values, dump_dir=env.get("ICSD_DUMP_DIR", ""), producer=producer)

@@ -183,7 +183,7 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
         names = None if traj_names is None else TrajNames(traj_names.key, [traj_names.values[i] for i in rows.tolist()])
         a = allocate_padded(advantage=advantage[rows], ratio=1.0, delta=delta[rows], response_mask=mask[rows],
                             traj_id=traj_id[rows], turn_id=turn_id[rows], batch_id=bid, traj_names=names,
-                            **cfg.allocator_kwargs())
+                            settings=cfg)
         c[rows] = a.c.float()
         for name, w in (("icsd", a.c), ("sdar", a.g)):
             num, den = tcm_sums(w, a.u, delta[rows], mask[rows], cfg.eps)

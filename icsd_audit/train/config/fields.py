@@ -48,7 +48,9 @@ import math
 import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+
+from icsd_audit.alloc.settings import DEFAULTS, SETTING_HELP, AllocatorSettings
+from typing import Any, ClassVar, Mapping
 
 __all__ = ["TrainConfig", "ConfigError", "field_docs", "parse_override", "REWARDS", "WARM_START_PREFIX", "resolve_init",
            "same_base", "shipped_warm_starts", "warm_starts_dir"]
@@ -59,6 +61,21 @@ REWARDS = ("won10", "score")
 INVALID_RULE_NAMES = ("format", "admissible")
 _PRECISIONS = ("auto", "float32", "bf16-mixed")
 _NO_ALLOCATOR = "none"
+
+
+class _Unchecked:
+    """Settings values read by ``AllocatorSettings.problems`` without building the (validating) object."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.__dict__.update(values)
+
+
+def _config_names(problem: str, names: dict[str, str]) -> str:
+    """An allocator-settings problem with the config's field names (``eps`` -> ``alloc_eps``)."""
+    if problem.startswith("unknown allocator"):
+        return problem.replace("; valid: ", "; valid: none (no distillation), ", 1)
+    head, sep, rest = problem.partition(" ")
+    return f"{names.get(head, head)}{sep}{rest}"
 
 
 class ConfigError(ValueError):
@@ -200,26 +217,21 @@ class TrainConfig:
     """Coefficient of the low-variance (k3) KL to the frozen initial policy; 0 skips the reference pass."""
 
     # ------------------------------------------------------------------ distillation allocation
-    allocator: str = "icsd"
-    """'none' (plain GRPO/GiGPO: the paper's 'GRPO'/'GiGPO' rows; with student_skills: 'Skill-GRPO') or an allocator of icsd_audit.alloc.variants: opsd ('+ OPSD'; with pg_coef=0: stand-alone 'OPSD'), sdar ('+ SDAR'), icsd ('+ ICSD'), fisher ('+ Fisher magnitude'), sign ('+ Sign-only'), influence-only ('+ Influence only'), gaussian, permuted."""
+    # The allocator settings: defaults and help text are AllocatorSettings' (icsd_audit.alloc.settings), the one
+    # place they are written; here alloc_eps and alloc_seed name its eps and seed (the run has its own seed).
+    allocator: str = DEFAULTS.allocator
+    """'none' (plain GRPO/GiGPO: the paper's 'GRPO'/'GiGPO' rows; with student_skills: 'Skill-GRPO') or an allocator of icsd_audit.alloc: opsd ('+ OPSD'; with pg_coef=0: stand-alone 'OPSD'), sdar ('+ SDAR'), icsd ('+ ICSD'), fisher ('+ Fisher magnitude'), sign ('+ Sign-only'), influence-only ('+ Influence only'), gaussian, permuted."""
     pg_coef: float = 1.0
     """Weight of the PPO surrogate in the actor loss; 0 drops the RL loss (stand-alone OPSD: allocator='opsd', pg_coef=0, the paper's 'OPSD' row)."""
-    trust: str = "laplace"
-    """Base trust g: 'laplace' (paper), 'sigmoid' (SDAR's public code) or 'uniform'."""
-    trust_beta: float = 5.0
-    """Slope of the sigmoid trust."""
-    trust_eta: float = 0.4
-    """Split parameter eta of the Laplace trust map g (paper: 0.4; SPEC 3). Recorded in every dump's allocator block, from which the audit recomputes."""
-    influence_eta: float = 0.5
-    """Split parameter eta of the calibrated influence map m (paper: 0.5; SPEC 4); the paper's sensitivity figure sweeps it (docs/reproduce.md)."""
+    trust: str = DEFAULTS.trust
+    trust_beta: float = DEFAULTS.trust_beta
+    trust_eta: float = DEFAULTS.trust_eta
+    influence_eta: float = DEFAULTS.influence_eta
     distill_coef: float = 0.01
     """lambda: weight of the allocated distillation term lambda/|B| * sum c_t * l_KD_t (Table A1: 0.01)."""
-    alloc_eps: float = 1e-4
-    """Scale floor and turn-mass threshold of the allocator (SPEC 2)."""
-    min_group: int = 8
-    """Smallest calibration group that gets its own fit (SPEC 2)."""
-    alloc_seed: int = 0
-    """Seed of the 'permuted' allocator (the same for every mini-batch, so an audit with --seed reproduces it)."""
+    alloc_eps: float = DEFAULTS.eps
+    min_group: int = DEFAULTS.min_group
+    alloc_seed: int = DEFAULTS.seed
     skip_first_prepass: bool = True
     """Skip the no-grad ratio pass on a step's first mini-batch, where the policy is still the rollout policy (ratio = 1 exactly); not for 'fisher', which needs the pass's score norms."""
     alloc_scope: str = "mini-batch"
@@ -306,17 +318,28 @@ class TrainConfig:
         """Extra variables for the chat template (``enable_thinking`` when set)."""
         return {} if self.enable_thinking is None else {"enable_thinking": bool(self.enable_thinking)}
 
+    #: config field -> the AllocatorSettings field it sets
+    ALLOCATION_FIELDS: ClassVar[dict[str, str]] = {
+        "allocator": "allocator", "trust": "trust", "trust_beta": "trust_beta", "trust_eta": "trust_eta",
+        "influence_eta": "influence_eta", "alloc_eps": "eps", "min_group": "min_group", "alloc_seed": "seed"}
+
+    def allocation(self) -> AllocatorSettings:
+        """The run's allocator settings (``allocator='none'`` keeps its other settings, allocated as SDAR would be)."""
+        values = {dst: getattr(self, src) for src, dst in self.ALLOCATION_FIELDS.items()}
+        if values["allocator"] == _NO_ALLOCATOR:
+            values["allocator"] = "sdar"
+        try:
+            return AllocatorSettings(**values)
+        except ValueError as e:
+            names = {dst: src for src, dst in self.ALLOCATION_FIELDS.items()}
+            raise ConfigError([_config_names(str(e), names)]) from None
+
     def allocator_settings(self) -> dict[str, Any]:
-        """What the dump metadata records under ``allocator`` (the audit's options)."""
+        """What the dump metadata records under ``allocator`` (the audit's options): the allocation's SPEC 9
+        serialisation, plus how this run deployed it."""
         return {
+            **self.allocation().to_dict(),
             "allocator": self.allocator,
-            "trust": self.trust,
-            "trust_eta": self.trust_eta,
-            "influence_eta": self.influence_eta,
-            "trust_beta": self.trust_beta,
-            "eps": self.alloc_eps,
-            "min_group": self.min_group,
-            "seed": self.alloc_seed,
             "lambda": self.effective_distill_coef,
             "compute_dtype": "float64 from float32-rounded inputs",
             "alloc_scope": self.alloc_scope,
@@ -384,8 +407,6 @@ class TrainConfig:
         ``env_here=False`` skips the checks that the environment's engine is installed on this
         machine (``icsd train --engine verl --dry-run`` writes files for another machine).
         """
-        from icsd_audit.alloc.variants import allocator_names, trust_names
-
         p = self._type_problems()
         if p:  # the checks below compare values; with a wrong type they would fail with a traceback instead
             raise ConfigError(p)
@@ -430,11 +451,11 @@ class TrainConfig:
         need(self.distill_coef >= 0, f"distill_coef={self.distill_coef} must be >= 0")
         need(self.invalid_penalty >= 0, f"invalid_penalty={self.invalid_penalty} must be >= 0")
         need(0 <= self.gamma <= 1, f"gamma={self.gamma} must lie in [0, 1]")
-        need(self.alloc_eps > 0, f"alloc_eps={self.alloc_eps} must be > 0")
-        need(self.trust_beta > 0, f"trust_beta={self.trust_beta} must be > 0")
-        for name in ("trust_eta", "influence_eta"):
-            v = getattr(self, name)
-            need(0 < v < 1, f"{name}={v} must lie in (0, 1); the paper uses 0.4 (trust) and 0.5 (influence)")
+        values = {dst: getattr(self, src) for src, dst in self.ALLOCATION_FIELDS.items()}
+        if values["allocator"] == _NO_ALLOCATOR:
+            values["allocator"] = "sdar"  # 'none' is the trainer's; the allocator's other settings are still checked
+        names = {dst: src for src, dst in self.ALLOCATION_FIELDS.items()}
+        p.extend(_config_names(q, names) for q in AllocatorSettings.problems(_Unchecked(values)))
         need(self.invalid_rule in INVALID_RULE_NAMES,
              f"invalid_rule={self.invalid_rule!r}: choose one of {list(INVALID_RULE_NAMES)}")
         need(self.reward in REWARDS, f"reward={self.reward!r}: choose one of {list(REWARDS)}")
@@ -456,9 +477,6 @@ class TrainConfig:
         need(self.pg_coef > 0 or self.distill_enabled,
              "pg_coef=0 with allocator='none' leaves no loss at all; pick allocator='opsd' for stand-alone OPSD")
         need(self.skill_placement in ("prefix", "user"), f"skill_placement={self.skill_placement!r}: choose 'prefix' (SDAR) or 'user'")
-        valid_alloc = [_NO_ALLOCATOR, *allocator_names()]
-        need(self.allocator in valid_alloc, f"allocator={self.allocator!r}: choose one of {valid_alloc}")
-        need(self.trust in trust_names(), f"trust={self.trust!r}: choose one of {trust_names()}")
         need(isinstance(self.sketch_seed, int) and not isinstance(self.sketch_seed, bool),
              f"sketch_seed={self.sketch_seed!r} must be an integer")
         need(bool(self.sketch_layers.strip(" ,")),
@@ -663,6 +681,8 @@ def field_docs() -> dict[str, tuple[str, str, Any]]:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
                 docs[node.target.id] = str(nxt.value.value)
+    for src, dst in TrainConfig.ALLOCATION_FIELDS.items():
+        docs.setdefault(src, SETTING_HELP[dst])  # the allocator settings' help is written once, in AllocatorSettings
     defaults = TrainConfig()
     return {f.name: (str(f.type), docs.get(f.name, ""), getattr(defaults, f.name)) for f in fields(TrainConfig)}
 

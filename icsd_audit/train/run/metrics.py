@@ -23,6 +23,8 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
+from icsd_audit.alloc.settings import DEFAULTS
+
 __all__ = ["MetricsLog", "Reporter", "NullReporter", "PrintReporter", "step_tcm", "clean", "clock", "summary_line"]
 
 
@@ -72,7 +74,7 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
-def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = 1e-4) -> dict[str, float]:
+def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = DEFAULTS.eps) -> dict[str, float]:
     """TCM and sign-region shares (SPEC 6) of one step's deployed tokens under the trust g and the coefficient c.
 
     Keys: ``tcm`` / ``tcm_trust`` (under c / g), ``tcm_active_tokens``, and ``share/REGION`` /

@@ -78,6 +78,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from icsd_audit.alloc.registry import get_allocator
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.grads.sketch import GradientSketcher, SketchResult
 from icsd_audit.train.update.hybrid import Hybrid
@@ -108,14 +110,10 @@ class Distillation:
 
     enabled = True
 
-    def __init__(self, *, allocator: str, trust: str, trust_beta: float, eps: float, min_group: int, seed: int, coef: float,
-                 trust_eta: float = 0.4, influence_eta: float = 0.5):
-        from icsd_audit.alloc.variants import get_allocator
-
-        spec = get_allocator(allocator)  # fail early with the list of valid names
-        self.kwargs = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, eps=eps, min_group=min_group, seed=seed,
-                           trust_eta=trust_eta, influence_eta=influence_eta)
+    def __init__(self, settings: AllocatorSettings, *, coef: float):
+        self.settings = settings  # validated when it was built, names included
         self.coef = float(coef)
+        spec = get_allocator(settings.allocator)
         #: The allocator reads the per-token score norm (``fisher``): it must exist before allocating.
         self.needs_score_norm = "score_norm" in spec.requires
 
@@ -127,8 +125,8 @@ class Distillation:
         d = delta.float().double()
         sn = None if score_norm is None else score_norm.float().double()
         b = torch.full_like(traj_id, int(batch_id))
-        return allocate(advantage=a, ratio=r, delta=d, traj_id=traj_id, turn_id=turn_id, batch_id=b, score_norm=sn,
-                        **self.kwargs)
+        return allocate(settings=self.settings, advantage=a, ratio=r, delta=d, traj_id=traj_id, turn_id=turn_id,
+                        batch_id=b, score_norm=sn)
 
 
 class NoDistillation:
@@ -142,9 +140,7 @@ class NoDistillation:
 def make_distillation(cfg: Any) -> Distillation | NoDistillation:
     if not cfg.distill_enabled:
         return NoDistillation()
-    return Distillation(allocator=cfg.allocator, trust=cfg.trust, trust_beta=cfg.trust_beta, eps=cfg.alloc_eps,
-                        min_group=cfg.min_group, seed=cfg.alloc_seed, coef=cfg.effective_distill_coef,
-                        trust_eta=cfg.trust_eta, influence_eta=cfg.influence_eta)
+    return Distillation(cfg.allocation(), coef=cfg.effective_distill_coef)
 
 
 # --------------------------------------------------------------------------------------
