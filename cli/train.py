@@ -326,18 +326,12 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
 
 
 #: What one episode's success is, per environment (``rollout/success`` is the share of a step's episodes).
-SUCCESS = {
-    "webshop": "bought a product that matches every requested attribute and option within the price limit "
-               "(reward 1; score is the reward's partial credit, 0 to 1)",
-    "searchqa": "ended with an answer that exactly matches a gold answer",
-    "alfworld": "completed its household task",
-}
-
-
 def what_next(cfg: Any, dumps: Optional[Path], last: Optional[Mapping[str, Any]] = None) -> list[str]:
     """The run's last lines: what success means on this configuration, why it is 0 when the last
     step (``last``, its metrics record) won nothing, and what to look at next."""
-    won = SUCCESS.get(cfg.env, "was won by the environment's own rule")
+    from icsd_audit.envs import success_rule
+
+    won = success_rule(cfg.env)
     def n(k: int, word: str) -> str:
         return f"{k} {word}{'' if k == 1 else 's'}"
 

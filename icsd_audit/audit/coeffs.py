@@ -35,6 +35,7 @@ from icsd_audit.dumps.reader import METADATA_KEY, DumpError, DumpReader, TokenBa
 from icsd_audit.alloc.segments import dense_ids, segment_sum
 from icsd_audit.stats.budget import check_resources
 from icsd_audit.outputs import check_output_file, reserve, temp_dir, write_failed
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients", "merged_metadata"]
 
@@ -75,6 +76,7 @@ def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
     return float(((sc - sg).abs() / sg.abs().clamp(min=1e-300)).max()) if n else 0.0
 
 
+@single_threaded_maths
 def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions | None = None
                          ) -> CoeffsSummary:
     """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order.

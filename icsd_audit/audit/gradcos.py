@@ -26,6 +26,7 @@ from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch
 from icsd_audit.grads.compat import cosines, factors_from_columns, jackknife_replicates, jackknife_se, rl_weights
 from icsd_audit.alloc.permutation import permuted_coefficients
 from icsd_audit.tokens import Tokens, Weights
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = ["GradcosSummary", "CosineRows", "batch_source", "batch_cosines", "summarize", "run_gradcos",
            "JACKKNIFE_MAX_PERM"]
@@ -274,6 +275,7 @@ def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int
     ).numpy()
 
 
+@single_threaded_maths
 def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions | None = None,
                 compare: AllocatorOptions | None = None, permutations: int = 20, seed: int = 0,
                 n_resamples: int = 10_000, confidence_level: float = 0.95, clip_eps: float = 0.2,

@@ -23,6 +23,7 @@ from icsd_audit.stats.api import AuditAccumulator, AuditResults, GroupedResult, 
 from icsd_audit.stats.landscape import LandscapeRanks
 from icsd_audit.stats.budget import (LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid,
                                      check_resources)
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = ["AuditRequest", "run_audit", "run_audit_groups", "run_landscape", "landscape_ranks", "deployed_request",
            "BY_COLUMNS"]
@@ -68,6 +69,7 @@ def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | Non
     return batch.tokens.columns[by]
 
 
+@single_threaded_maths
 def run_audit(
     paths: Sequence[str | Path],
     req: AuditRequest | None = None,
@@ -126,6 +128,7 @@ def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = N
     return ranks.finalize()
 
 
+@single_threaded_maths
 def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequest]], *, statistics: Sequence[str],
                      by: str = "settings") -> AuditResults:
     """Audit each group ``(key, files, request)`` on its own and return one result per key (``by``).
@@ -140,6 +143,7 @@ def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequ
     return AuditResults(**{s: GroupedResult(by, keys, tuple(getattr(r, s) for r in results)) for s in statistics})
 
 
+@single_threaded_maths
 def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20) -> LandscapeResult:
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
 

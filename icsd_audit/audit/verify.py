@@ -29,6 +29,7 @@ import pyarrow as pa
 from icsd_audit.alloc.options import AllocatorOptions, allocate_batch, required_columns
 from icsd_audit.dumps.provenance import COEFFICIENT_KEYS, recorded_values, records_settings, relevant_keys
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, read_metadata, resolve_paths
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = ["STORAGE_RTOL", "STORAGE_ATOL", "CHECKED", "ColumnCheck", "BatchCheck", "VerifyResult", "verify_dumps",
            "file_settings"]
@@ -184,6 +185,7 @@ def _check_columns(reader: DumpReader) -> tuple[str, ...]:
     return have
 
 
+@single_threaded_maths
 def verify_dumps(paths: Sequence[str | Path], *, rtol: float = STORAGE_RTOL, atol: float = STORAGE_ATOL,
                  progress: Callable[[int, int], None] | None = None) -> VerifyResult:
     """Recompute every batch of the dumps at ``paths`` with its recorded settings and compare ``g``, ``m``, ``c``.

@@ -33,6 +33,7 @@ from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch,
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 from icsd_audit.stats.budget import check_resources
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = [
     "ReportOptions",
@@ -84,6 +85,7 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
     }
 
 
+@single_threaded_maths
 def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None, *, workers: int = 1) -> AuditReport:
     """Stream the dumps once (after a light first pass for the landscape's ranks) and compute every statistic.
 

@@ -14,7 +14,7 @@ from icsd_audit.dumps.reader import DumpWarning
 from icsd_audit.audit.settings import audit_settings
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import DumpWriter
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 from tests.dumps.test_verify import SETTINGS, deploy
 
 EPS = SETTINGS["eps"]

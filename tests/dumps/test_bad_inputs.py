@@ -18,7 +18,7 @@ from icsd_audit.dumps.reader import METADATA_KEY, DumpReader, DumpWarning
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 K = 8
 META = dump_metadata(producer="test", synthetic=True, allocator={"allocator": "icsd", "eps": 1e-4})

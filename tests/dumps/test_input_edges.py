@@ -13,7 +13,7 @@ import pytest
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 META = dump_metadata(producer="test", synthetic=True)
 

@@ -73,7 +73,7 @@ def test_sigmoid_trust_run_is_audited_as_deployed_without_flags(tmp_path):
     without flags reproduces the deployed c, ``icsd audit verify`` exits 0, and one altered c exits 1 naming it."""
     import pyarrow.parquet as pq
     from icsd_audit.dumps.reader import read_metadata
-    from tests.cli.test_outputs import cli
+    from tests.helpers import cli
     from tests.dumps.test_verify import alter
 
     tr = _trainer(tmp_path, steps=2, trust="sigmoid", trust_beta=3.0, eps=1e-3)

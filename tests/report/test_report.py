@@ -247,7 +247,7 @@ def test_cli_report_and_figures(tmp_path: Path) -> None:
     (["audit", "report", "{ex}", "--out", "{out}", "--confidence", "1.5"], "confidence"),
 ])
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
-    from tests.cli.test_outputs import cli, one_line_exit_2
+    from tests.helpers import cli, one_line_exit_2
 
     out = tmp_path / "out"
     argv = [a.format(ex=EXAMPLES, out=out, missing=tmp_path / "nope") for a in args]

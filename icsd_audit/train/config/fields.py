@@ -640,7 +640,7 @@ WARM_START_PREFIX = "warmstart:"
 
 def warm_starts_dir() -> Path:
     """Where the shipped warm starts live (package data)."""
-    return Path(__file__).resolve().parents[1] / "warmstarts"
+    return Path(__file__).resolve().parents[2] / "warmstarts"
 
 
 def shipped_warm_starts() -> list[str]:

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -186,11 +186,13 @@ class PrintReporter(NullReporter):
     log-probs: instant).
     """
 
-    def __init__(self, *, stream: Any = None, min_seconds: float = 0.05, quiet_seconds: float = 25.0) -> None:
+    def __init__(self, *, stream: Any = None, min_seconds: float = 0.05, quiet_seconds: float = 25.0,
+                 now: Callable[[], float] = time.perf_counter) -> None:
         self.stream = stream
         self.min_seconds = min_seconds
         self.quiet_seconds = quiet_seconds
-        self.t0 = time.perf_counter()  # the clock of every line: time since the command started
+        self._now = now  # injectable, so that tests need no wall-clock waits
+        self.t0 = self._now()  # the clock of every line: time since the command started
         self.train_t0 = self.t0  # the ETA's: time since training started
         self.total = 0
         self.start_step = 0
@@ -204,16 +206,16 @@ class PrintReporter(NullReporter):
         with self._lock:
             stream.write(text + "\n")  # one write: a keep-alive line never splits another
             stream.flush()
-            self._last_line = time.perf_counter()
+            self._last_line = self._now()
 
     def _clock(self) -> str:
-        return f"[{clock(time.perf_counter() - self.t0)}]"
+        return f"[{clock(self._now() - self.t0)}]"
 
     def _doing(self, activity: str) -> None:
-        self._activity, self._since, self._done = activity, time.perf_counter(), ""
+        self._activity, self._since, self._done = activity, self._now(), ""
 
     def start(self, *, total_steps: int, start_step: int, out_dir: str) -> None:
-        self.train_t0 = time.perf_counter()
+        self.train_t0 = self._now()
         self.total, self.start_step = total_steps, start_step
         self._say(f"{self._clock()} training steps {start_step}..{total_steps - 1} -> {out_dir}")
         self._doing(f"step {start_step}")
@@ -230,10 +232,10 @@ class PrintReporter(NullReporter):
     def progress(self, step: int, name: str, done: int, total: int, unit: str) -> None:
         self._done = f"{unit} {done}/{total} done"
         self._say(f"{self._clock()} step {step} {PHASE_LABELS.get(name, name)}: {unit} {done}/{total} "
-                  f"({time.perf_counter() - self._since:.1f} s)")
+                  f"({self._now() - self._since:.1f} s)")
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
-        elapsed = time.perf_counter() - self.train_t0
+        elapsed = self._now() - self.train_t0
         done = step + 1 - self.start_step
         left = self.total - step - 1
         eta = f", ETA {clock(elapsed / done * left)}" if done > 0 and left > 0 else ""
@@ -254,6 +256,13 @@ class PrintReporter(NullReporter):
             self._activity, self._since, self._done = self._outer
             self._outer = None
 
+    def check_quiet(self) -> None:
+        """After ``quiet_seconds`` without a line: one saying what runs and for how long (the keep-alive's tick)."""
+        now = self._now()
+        if now - self._last_line >= self.quiet_seconds:
+            done = f", {self._done}" if self._done else ""
+            self._say(f"[{clock(now - self.t0)}] {self._activity}: running for {clock(now - self._since)}{done}")
+
     @contextlib.contextmanager
     def keepalive(self) -> Iterator["PrintReporter"]:
         """Within the block, a line every ``quiet_seconds`` without one: what runs, for how long."""
@@ -261,10 +270,7 @@ class PrintReporter(NullReporter):
 
         def watch() -> None:
             while not stop.wait(min(1.0, self.quiet_seconds / 4)):
-                now = time.perf_counter()
-                if now - self._last_line >= self.quiet_seconds:
-                    done = f", {self._done}" if self._done else ""
-                    self._say(f"[{clock(now - self.t0)}] {self._activity}: running for {clock(now - self._since)}{done}")
+                self.check_quiet()
 
         thread = threading.Thread(target=watch, name="icsd-keepalive", daemon=True)
         thread.start()
