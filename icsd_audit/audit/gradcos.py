@@ -37,7 +37,7 @@ JACKKNIFE_MAX_PERM = 20
 
 @dataclass(frozen=True)
 class GradcosSummary:
-    """SPEC 8 gradient compatibility per batch and batch-bootstrap means (issue 4's JSON).
+    """SPEC 8 gradient compatibility per batch and batch-bootstrap means (``icsd audit gradcos --json``).
 
     ``cos_perm`` is the per-batch mean over ``n_permutations`` shuffles (None without a
     permutation control).  ``sketch_error`` holds jackknife standard errors of the

@@ -1,6 +1,6 @@
 """Keeping the trainer's memory small without changing a single number.
 
-Where the cpu-demo's memory went (issue 15, measured with a phase-sampling probe, see
+Where the cpu-demo's memory goes without these measures (measured with a phase-sampling probe, see
 docs/benchmarks.md): the actor's gradient micro-batches kept every decoder block's
 activations for the backward (attention and MLP intermediates over ~500-token prompts,
 about 5 GB at 4 rows), and the frozen reference policy stayed resident all run

@@ -1,4 +1,4 @@
-"""Opt-in per-token gradient sketches in the training dumps (``sketch_k > 0``; issue 4).
+"""Opt-in per-token gradient sketches in the training dumps (``sketch_k > 0``).
 
 The sketch of a dumped mini-batch is taken in the actor's *gradient* micro-batches,
 on the forward the trainer runs anyway, at the weights the mini-batch's gradient is
