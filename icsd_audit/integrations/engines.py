@@ -74,6 +74,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"data.max_response_length={cfg.max_prompt_tokens}",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={cfg.lr_warmup_steps_ratio}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.shuffle=false",
@@ -413,6 +414,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
     from icsd_audit.runs.trackers import hf_report_to
     from icsd_audit.train.loop import _default_env_factory, draw_tasks, load_policy, resolve_precision
     from icsd_audit.train.models import resolve_device, set_threads
+    from icsd_audit.train.schedule import warmup_steps
     from icsd_audit.train.rundir import drop_steps_from, open_run_folder
     from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
     from icsd_audit.train.skills import load_skillbank
@@ -450,7 +452,9 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                       num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
                       max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
-                      lr_scheduler_type="constant",  # the built-in loop's AdamW has no schedule
+                      # the built-in loop's schedule (.train.schedule): HF's constant_with_warmup has verl's factor
+                      lr_scheduler_type="constant_with_warmup",
+                      warmup_steps=warmup_steps(cfg.total_steps, cfg.lr_warmup_steps_ratio),
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
                       bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,

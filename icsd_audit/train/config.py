@@ -180,6 +180,8 @@ class TrainConfig:
     # ------------------------------------------------------------------ actor
     lr: float = 1e-6
     """AdamW learning rate (Table A1: 1e-6)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Linear learning-rate warm-up, verl's actor schedule: int(ratio * total_steps) warm-up steps; step s (from 0) runs at lr * s / max(1, warm-up steps) until then, at lr after (so step 0 runs at 0 when the ratio is > 0). 0: lr from the first step. SDAR's search scripts: 0.1."""
     weight_decay: float = 0.01
     """AdamW weight decay (verl's default)."""
     grad_clip: float = 1.0
@@ -434,6 +436,8 @@ class TrainConfig:
         need(self.temperature > 0, f"temperature={self.temperature} must be > 0 for training (sampling); use e.g. 1.0")
         need(self.eval_temperature >= 0, f"eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy)")
         need(self.lr > 0, f"lr={self.lr} must be > 0")
+        need(0 <= self.lr_warmup_steps_ratio <= 1,
+             f"lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must lie in [0, 1] (SDAR's search scripts: 0.1)")
         need(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
         need(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be > 0")
         need(0 < self.clip_ratio < 1, f"clip_ratio={self.clip_ratio} must lie in (0, 1); the paper uses 0.2")

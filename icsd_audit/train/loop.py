@@ -74,6 +74,7 @@ from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tc
 from icsd_audit.train.resume import Plan, Progress, TrainingStopped, check_services, plan_run
 from icsd_audit.train.rundir import drop_steps_from, held_run, open_run_folder
 from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
+from icsd_audit.train.schedule import warmup_lr
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.skills import load_skillbank
 from icsd_audit.train.teacher import make_teacher, skill_retriever
@@ -416,7 +417,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
-                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid)
+                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid,
+                  lr_schedule=lambda s: warmup_lr(s, lr=cfg.lr, total_steps=cfg.total_steps, ratio=cfg.lr_warmup_steps_ratio))
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
 
     # ---- the first write: hold the run folder, then make it this run's
