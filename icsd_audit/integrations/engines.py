@@ -103,7 +103,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"trainer.experiment_name={out.name}",
         f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
         f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
-        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
+        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.teacher_skill_mode}",
         f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
 
@@ -441,7 +441,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                                temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
                                precision=precision, invalid_rule=cfg.invalid_rule)
-    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
+    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.teacher_skill_mode,
                                      skill_match=cfg.skill_match) if cfg.distill_enabled else None)
     rollout = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.train_split),
                              settings=settings, invalid_penalty=cfg.invalid_penalty, tasks=tasks,

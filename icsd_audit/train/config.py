@@ -170,6 +170,8 @@ class TrainConfig:
     """SkillBank: a built-in name, a JSON file or an SDAR skills folder (None: the bank named after the environment)."""
     skill_mode: str = "match"
     """Retrieval: 'match' (keyword match, see skill_match), 'all' (SDAR's skill_all) or 'general'."""
+    skill_bank_mode: str = "task"
+    """The teacher's skills on WebShop and ALFWorld: 'task' (task-specific, by skill_mode and skill_match: SDAR's code since its fix of 2026-06-22, jasonchen505/SDAR@7e013ba) or 'general' (SDAR's first release, @92f1b0f, which gave its published numbers, the paper's Skill-SD and RLSD rows among them: no game file reached the teacher, so both environments fell through to the general skills only). Search-QA routes by data source under both (the first release did too); skill_mode='all' wins over both, as SDAR's skill_all did; student skills (student_skills) are never affected."""
     skill_match: str = "sdar"
     """Keyword rule of skill_mode='match': 'sdar' (SDAR's get_privileged_info_from_prompt: plain substrings on the whole lower-cased student prompt, every matching category) or 'instruction' (the bank's own rule on the task instruction only; whole words for the shipped banks)."""
     student_skills: str = "off"
@@ -298,6 +300,13 @@ class TrainConfig:
     def effective_distill_coef(self) -> float:
         """lambda as deployed: 0 for allocator 'none'."""
         return self.distill_coef if self.distill_enabled else 0.0
+
+    @property
+    def teacher_skill_mode(self) -> str:
+        """The teacher's retrieval mode: skill_mode, or 'general' where skill_bank_mode='general' reproduces SDAR's first release."""
+        if self.skill_bank_mode == "general" and self.skill_mode == "match" and self.env != "searchqa":
+            return "general"
+        return self.skill_mode
 
     @property
     def skillbank_name(self) -> str:
@@ -459,6 +468,8 @@ class TrainConfig:
         need(self.gigpo_mode in ("mean_norm", "mean_std_norm"),
              f"gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
         need(self.skill_mode in ("match", "all", "general"), f"skill_mode={self.skill_mode!r}: choose match, all or general")
+        need(self.skill_bank_mode in ("task", "general"),
+             f"skill_bank_mode={self.skill_bank_mode!r}: choose 'task' (task-specific skills) or 'general' (SDAR's first release)")
         need(self.skill_match in ("sdar", "instruction"),
              f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
         need(self.student_skills in ("off", "train", "eval", "both"),

@@ -400,7 +400,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     eval_builder = make_builder(cfg.student_skills in ("eval", "both"))
     teacher = make_teacher(cfg.teacher_enabled, model=policy, builder=builder,
                            bank=bank if cfg.teacher_enabled else None,
-                           skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
+                           skill_mode=cfg.teacher_skill_mode, skill_match=cfg.skill_match,
                            micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
     factory = env_factory or _default_env_factory(cfg)
