@@ -282,6 +282,8 @@ class TrainConfig:
     """Search-QA: a running Search-R1 retrieval server (POST /retrieve), used instead of BM25."""
     retrieval_topk: int = 3
     """Search-QA: passages returned per search (Search-R1: 3)."""
+    searchqa_expert: str = "gold"
+    """Search-QA's expert (policy='expert'): 'gold' (the oracle search chain, then the gold answer whatever retrieval returned: EM 1, it proves the referee) or 'retrieval' (says only what it read: each query is the next oracle hop's entity once a retrieved passage or the question names it, else the question; the answer a gold answer only where a retrieved passage holds it, else the top passage's title: its EM is the share of questions whose answer the retriever surfaced within the turn budget)."""
     searchqa_protocol: str = "search-r1"
     """Search-QA: 'search-r1' (Search-R1's rollout: one growing context per episode, its prompt, its reply rule) or 'verl-agent' (verl-agent's search environment, as SDAR's scripts run it: the prompt rebuilt each turn with the last history_window steps, search_projection's reply rule). Both end at max_turns with a final-answer turn."""
 
@@ -623,6 +625,9 @@ class TrainConfig:
             p.append(f"{', '.join(named)} only apply to env='searchqa' (env={self.env!r}); unset them or set env=searchqa")
         if self.searchqa_protocol not in ("search-r1", "verl-agent"):
             p.append(f"searchqa_protocol={self.searchqa_protocol!r}: choose 'search-r1' or 'verl-agent'")
+        if self.searchqa_expert not in ("gold", "retrieval"):
+            p.append(f"searchqa_expert={self.searchqa_expert!r}: choose 'gold' (oracle answer) or 'retrieval' "
+                     "(answers only from retrieved passages)")
         if not (isinstance(self.retrieval_topk, int) and self.retrieval_topk >= 1):
             p.append(f"retrieval_topk={self.retrieval_topk!r} must be an integer >= 1 (Search-R1 uses 3)")
         files = [self.searchqa_corpus] if self.searchqa_corpus else []

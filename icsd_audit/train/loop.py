@@ -156,7 +156,7 @@ def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
             kwargs["num_goals"] = cfg.server_num_goals
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
-                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol)
+                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol, expert=cfg.searchqa_expert)
         if cfg.env == "alfworld":
             kwargs["data"] = cfg.alfworld_data
             kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert

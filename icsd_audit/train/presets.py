@@ -47,7 +47,7 @@ CPU_WARM_START = "warmstart:webshop-smollm2-135m"
 
 def _cpu_demo() -> TrainConfig:
     """The README's main job: RL from the shipped warm start, whose prompts these are (no one-shot example:
-    the warm start learned the format; 5 turns and 96-token replies let the expert's 4-to-6-step path and
+    the warm start learned the format; 5 turns and 96-token replies let the expert's 3-to-6-step path and
     its longest reply fit, so a purchase, hence a score, is within reach)."""
     return _cpu_base().replace(
         init=CPU_WARM_START,
