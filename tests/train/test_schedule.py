@@ -4,6 +4,7 @@ actor applying them, and the engines carrying the setting."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -99,3 +100,17 @@ def test_engines_carry_the_ratio():
     assert "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1" in over
     assert "actor_rollout_ref.rollout.val_kwargs.temperature=0.0" in over
     assert "actor_rollout_ref.rollout.val_kwargs.do_sample=false" in over
+
+
+def test_the_trainer_logs_and_uses_the_warmup(tmp_path):
+    """3 steps with ratio 0.7: int(2.1) = 2 warm-up steps, so actor/lr is 0, lr / 2, lr (by hand)."""
+    from icsd_audit.train.loop import train
+
+    cfg = TrainConfig(model="tiny-random", device="cpu", precision="float32", out_dir=str(tmp_path / "run"), threads=1,
+                      n_tasks=1, group_size=2, max_turns=1, history_window=1, max_prompt_tokens=256,
+                      max_response_tokens=4, rollout_batch_rows=8, mini_batch_rows=4, micro_batch_rows=2, lr=1e-3,
+                      total_steps=3, dump_every=0, checkpoint_every=0, eval_every=0, allocator="none", kl_coef=0.0,
+                      adv_estimator="grpo", lr_warmup_steps_ratio=0.7)
+    res = train(cfg)
+    lrs = [json.loads(line)["actor/lr"] for line in res.metrics_path.read_text().splitlines()]
+    assert lrs == [0.0, 0.0005, 0.001]
