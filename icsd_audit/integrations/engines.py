@@ -74,6 +74,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"data.max_response_length={cfg.max_prompt_tokens}",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={cfg.lr_warmup_steps_ratio}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.shuffle=false",
@@ -102,7 +103,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"trainer.experiment_name={out.name}",
         f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
         f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
-        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
+        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.teacher_skill_mode}",
         f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
 
@@ -416,6 +417,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
     from icsd_audit.train.models.loading import load_policy, resolve_precision
     from icsd_audit.train.models.loading import resolve_device, set_threads
     from icsd_audit.train.run.folder import drop_steps_from, open_run_folder
+    from icsd_audit.train.update.schedule import warmup_steps
     from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, turn_context
     from icsd_audit.train.teacher.skills import load_skillbank
     from icsd_audit.train.teacher.self_teacher import skill_retriever
@@ -441,7 +443,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                                temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
                                precision=precision, invalid_rule=cfg.invalid_rule)
-    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
+    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.teacher_skill_mode,
                                      skill_match=cfg.skill_match) if cfg.distill_enabled else None)
     rollout = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.train_split),
                              settings=settings, invalid_penalty=cfg.invalid_penalty, tasks=tasks,
@@ -452,7 +454,9 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                       num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
                       max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
-                      lr_scheduler_type="constant",  # the built-in loop's AdamW has no schedule
+                      # the built-in loop's schedule (.train.schedule): HF's constant_with_warmup has verl's factor
+                      lr_scheduler_type="constant_with_warmup",
+                      warmup_steps=warmup_steps(cfg.total_steps, cfg.lr_warmup_steps_ratio),
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
                       bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,

@@ -70,6 +70,7 @@ from icsd_audit.train.run.metrics import MetricsLog, NullReporter, Reporter, ste
 from icsd_audit.train.run.resume import Plan, Progress, TrainingStopped, check_services, plan_run
 from icsd_audit.train.run.folder import drop_steps_from, held_run, open_run_folder
 from icsd_audit.train.rollout.collect import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
+from icsd_audit.train.update.schedule import warmup_lr
 from icsd_audit.train.update.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.teacher.skills import load_skillbank
 from icsd_audit.train.setup import EnvFactory, build_models
@@ -237,7 +238,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     eval_builder = make_builder(cfg.student_skills in ("eval", "both"))
     teacher = make_teacher(cfg.teacher_enabled, model=policy, builder=builder,
                            bank=bank if cfg.teacher_enabled else None,
-                           skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
+                           skill_mode=cfg.teacher_skill_mode, skill_match=cfg.skill_match,
                            micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
     factory = env_factory or default_env_factory(cfg)
@@ -254,7 +255,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
-                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid)
+                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid,
+                  lr_schedule=lambda s: warmup_lr(s, lr=cfg.lr, total_steps=cfg.total_steps, ratio=cfg.lr_warmup_steps_ratio))
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
 
     # ---- the first write: hold the run folder, then make it this run's

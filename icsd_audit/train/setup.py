@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from icsd_audit.envs import TextEnv, make_env
-from icsd_audit.train.config.fields import TrainConfig
+from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.models.loading import load_policy
 from icsd_audit.train.models.memory import release_freed_memory
 from icsd_audit.train.update.logprobs import score_rows, split_rows
@@ -36,7 +36,7 @@ def env_factory(cfg: TrainConfig) -> EnvFactory:
             kwargs["num_goals"] = cfg.server_num_goals
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
-                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol)
+                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol, expert=cfg.searchqa_expert)
         if cfg.env == "alfworld":
             kwargs["data"] = cfg.alfworld_data
             kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert

@@ -36,6 +36,8 @@ def test_searchqa_presets_match_table_a1():
     assert p.mini_batch_rows == 256 * 8 and p.lr == 1e-6 and p.clip_ratio == 0.2
     assert p.kl_coef == 0.001 and p.distill_coef == 0.01 and p.total_steps == 200 and p.eval_tasks == 512
     assert p.retrieval_topk == 3 and p.reward == "score"
+    # SDAR's search scripts: invalid_action_penalty_coef 0.01, lr_warmup_steps_ratio 0.1, verl's greedy validation
+    assert p.invalid_penalty == 0.01 and p.lr_warmup_steps_ratio == 0.1 and p.eval_temperature == 0.0
     d = preset("cpu-demo-searchqa").validate()
     assert d.env == "searchqa" and d.model == "embedded" and d.device == "cpu"
     assert preset_for("paper", "searchqa") == "paper-searchqa" and preset_for("paper", "webshop") == "paper"

@@ -187,6 +187,8 @@ class TrainConfig:
     """SkillBank: a built-in name, a JSON file or an SDAR skills folder (None: the bank named after the environment)."""
     skill_mode: str = "match"
     """Retrieval: 'match' (keyword match, see skill_match), 'all' (SDAR's skill_all) or 'general'."""
+    skill_bank_mode: str = "task"
+    """The teacher's skills on WebShop and ALFWorld: 'task' (task-specific, by skill_mode and skill_match: SDAR's code since its fix of 2026-06-22, jasonchen505/SDAR@7e013ba) or 'general' (SDAR's first release, @92f1b0f, which gave its published numbers, the paper's Skill-SD and RLSD rows among them: no game file reached the teacher, so both environments fell through to the general skills only). Search-QA routes by data source under both (the first release did too); skill_mode='all' wins over both, as SDAR's skill_all did; student skills (student_skills) are never affected."""
     skill_match: str = "sdar"
     """Keyword rule of skill_mode='match': 'sdar' (SDAR's get_privileged_info_from_prompt: plain substrings on the whole lower-cased student prompt, every matching category) or 'instruction' (the bank's own rule on the task instruction only; whole words for the shipped banks)."""
     student_skills: str = "off"
@@ -197,6 +199,8 @@ class TrainConfig:
     # ------------------------------------------------------------------ actor
     lr: float = 1e-6
     """AdamW learning rate (Table A1: 1e-6)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Linear learning-rate warm-up, verl's actor schedule: int(ratio * total_steps) warm-up steps; step s (from 0) runs at lr * s / max(1, warm-up steps) until then, at lr after (so step 0 runs at 0 when the ratio is > 0). 0: lr from the first step. SDAR's search scripts: 0.1."""
     weight_decay: float = 0.01
     """AdamW weight decay (verl's default)."""
     grad_clip: float = 1.0
@@ -290,6 +294,8 @@ class TrainConfig:
     """Search-QA: a running Search-R1 retrieval server (POST /retrieve), used instead of BM25."""
     retrieval_topk: int = 3
     """Search-QA: passages returned per search (Search-R1: 3)."""
+    searchqa_expert: str = "gold"
+    """Search-QA's expert (policy='expert'): 'gold' (the oracle search chain, then the gold answer whatever retrieval returned: EM 1, it proves the referee) or 'retrieval' (says only what it read: each query is the next oracle hop's entity once a retrieved passage or the question names it, else the question; the answer a gold answer only where a retrieved passage holds it, else the top passage's title: its EM is the share of questions whose answer the retriever surfaced within the turn budget)."""
     searchqa_protocol: str = "search-r1"
     """Search-QA: 'search-r1' (Search-R1's rollout: one growing context per episode, its prompt, its reply rule) or 'verl-agent' (verl-agent's search environment, as SDAR's scripts run it: the prompt rebuilt each turn with the last history_window steps, search_projection's reply rule). Both end at max_turns with a final-answer turn."""
 
@@ -308,6 +314,13 @@ class TrainConfig:
     def effective_distill_coef(self) -> float:
         """lambda as deployed: 0 for allocator 'none'."""
         return self.distill_coef if self.distill_enabled else 0.0
+
+    @property
+    def teacher_skill_mode(self) -> str:
+        """The teacher's retrieval mode: skill_mode, or 'general' where skill_bank_mode='general' reproduces SDAR's first release."""
+        if self.skill_bank_mode == "general" and self.skill_mode == "match" and self.env != "searchqa":
+            return "general"
+        return self.skill_mode
 
     @property
     def skillbank_name(self) -> str:
@@ -443,6 +456,8 @@ class TrainConfig:
         need(self.temperature > 0, f"temperature={self.temperature} must be > 0 for training (sampling); use e.g. 1.0")
         need(self.eval_temperature >= 0, f"eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy)")
         need(self.lr > 0, f"lr={self.lr} must be > 0")
+        need(0 <= self.lr_warmup_steps_ratio <= 1,
+             f"lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must lie in [0, 1] (SDAR's search scripts: 0.1)")
         need(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
         need(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be > 0")
         need(0 < self.clip_ratio < 1, f"clip_ratio={self.clip_ratio} must lie in (0, 1); the paper uses 0.2")
@@ -464,6 +479,8 @@ class TrainConfig:
         need(self.gigpo_mode in ("mean_norm", "mean_std_norm"),
              f"gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
         need(self.skill_mode in ("match", "all", "general"), f"skill_mode={self.skill_mode!r}: choose match, all or general")
+        need(self.skill_bank_mode in ("task", "general"),
+             f"skill_bank_mode={self.skill_bank_mode!r}: choose 'task' (task-specific skills) or 'general' (SDAR's first release)")
         need(self.skill_match in ("sdar", "instruction"),
              f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
         need(self.student_skills in ("off", "train", "eval", "both"),
@@ -614,6 +631,9 @@ class TrainConfig:
             p.append(f"{', '.join(named)} only apply to env='searchqa' (env={self.env!r}); unset them or set env=searchqa")
         if self.searchqa_protocol not in ("search-r1", "verl-agent"):
             p.append(f"searchqa_protocol={self.searchqa_protocol!r}: choose 'search-r1' or 'verl-agent'")
+        if self.searchqa_expert not in ("gold", "retrieval"):
+            p.append(f"searchqa_expert={self.searchqa_expert!r}: choose 'gold' (oracle answer) or 'retrieval' "
+                     "(answers only from retrieved passages)")
         if not (isinstance(self.retrieval_topk, int) and self.retrieval_topk >= 1):
             p.append(f"retrieval_topk={self.retrieval_topk!r} must be an integer >= 1 (Search-R1 uses 3)")
         files = [self.searchqa_corpus] if self.searchqa_corpus else []

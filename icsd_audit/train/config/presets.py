@@ -49,7 +49,7 @@ CPU_WARM_START = "warmstart:webshop-smollm2-135m"
 
 def _cpu_demo() -> TrainConfig:
     """The README's main job: RL from the shipped warm start, whose prompts these are (no one-shot example:
-    the warm start learned the format; 5 turns and 96-token replies let the expert's 4-to-6-step path and
+    the warm start learned the format; 5 turns and 96-token replies let the expert's 3-to-6-step path and
     its longest reply fit, so a purchase, hence a score, is within reach)."""
     return _cpu_base().replace(
         init=CPU_WARM_START,
@@ -73,6 +73,11 @@ def _paper_searchqa() -> TrainConfig:
         mini_batch_rows=256 * 8, kl_coef=0.001, total_steps=200, eval_tasks=512,
         reward="score",
         gigpo_mode="mean_std_norm",  # verl-agent's examples/gigpo_trainer/run_search.sh, line 10 (SDAR@aa18336)
+        # SDAR's search scripts (jasonchen505/SDAR@aa18336; examples/sdar_trainer/run_search_3b.sh lines 34 and
+        # 54, the same in its gigpo/grpo/opsd copies of verl-agent's run_search.sh): warm-up ratio 0.1 and
+        # invalid_action_penalty_coef 0.01; they set no val_kwargs, so validation is verl's default, greedy
+        # (verl/trainer/config/ppo_trainer.yaml lines 144 and 146: temperature 0, do_sample False)
+        lr_warmup_steps_ratio=0.1, invalid_penalty=0.01, eval_temperature=0.0,
     )
 
 

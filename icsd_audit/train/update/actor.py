@@ -219,7 +219,8 @@ class Actor:
                  pad_id: int, device: torch.device, precision: str = "float32",
                  sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
                  teacher_rescore: bool = False, pg_coef: float = 1.0, recompute_activations: bool = True,
-                 spill: OptimizerSpill | None = None, hybrid: Hybrid | None = None):
+                 spill: OptimizerSpill | None = None, hybrid: Hybrid | None = None,
+                 lr_schedule: Callable[[int], float] | None = None):
         if alloc_scope not in ALLOC_SCOPES:
             raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
         self.alloc_scope, self.teacher_rescore, self.pg_coef = alloc_scope, teacher_rescore, float(pg_coef)
@@ -237,6 +238,7 @@ class Actor:
         self.mini_batch_rows, self.micro_batch_rows, self.ppo_epochs = mini_batch_rows, micro_batch_rows, ppo_epochs
         self.grad_clip, self.skip_first_prepass, self.shuffle_rows, self.seed = grad_clip, skip_first_prepass, shuffle_rows, seed
         self.pad_id, self.device, self.precision = pad_id, device, precision
+        self.lr_schedule = lr_schedule  # step -> learning rate (None: the optimizer's own, unchanged)
 
     # -------------------------------------------------------------- layout
     def mini_batches(self, step: int, data: StepData) -> list[list[int]]:
@@ -277,6 +279,10 @@ class Actor:
         mini-batch (epochs x mini-batches in all).
         """
         timer = _Timer()
+        if self.lr_schedule is not None:
+            lr = self.lr_schedule(step)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
         acc: dict[str, list[float]] = {}
         pooled: dict[str, list[np.ndarray]] = {}
         mbs = self.mini_batches(step, data)
@@ -301,6 +307,7 @@ class Actor:
                 if progress is not None:
                     progress(index, self.ppo_epochs * len(mbs))
         metrics = self._finish_metrics(acc)
+        metrics["lr"] = float(self.opt.param_groups[0]["lr"])  # verl's actor/lr: the rate this step used
         arrays = {k: np.concatenate(v) for k, v in pooled.items()}
         return metrics, timer.t, arrays
 
