@@ -8,8 +8,8 @@ different number: zstd frames as written carry no checksum of their own, and unv
 a one-bit flip in the middle of a zstd float page reads back as other values. Files written without
 checksums (older icsd versions, other tools) read as before, unverified.
 
-:func:`corrupt_column` tells which column of a row group holds a page that fails,
-for the one-line message (pyarrow's own names only the page's ordinal).
+:func:`read_row_group` raises :class:`CorruptRowGroup` naming the column whose page
+fails (pyarrow's own message names only the page's ordinal).
 """
 
 from __future__ import annotations
@@ -20,11 +20,21 @@ from typing import IO, Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["WRITE_OPTIONS", "write_table", "writer", "open_file", "read_table", "corrupt_column"]
+__all__ = ["WRITE_OPTIONS", "CorruptRowGroup", "write_table", "writer", "open_file", "read_table", "read_row_group",
+           "corrupt_column"]
 
 #: What every icsd Parquet writer passes to pyarrow, beside its own options.
 WRITE_OPTIONS: dict[str, Any] = {"write_page_checksum": True}
 _READ_OPTIONS: dict[str, Any] = {"page_checksum_verification": True}
+
+
+class CorruptRowGroup(OSError):
+    """A row group that cannot be read: ``column`` (None if no single column fails alone) and ``reason``."""
+
+    def __init__(self, row_group: int, column: str | None, reason: str):
+        super().__init__(f"corrupt data in row group {row_group}" + (f", column {column!r}" if column else "")
+                         + f" ({reason})")
+        self.row_group, self.column, self.reason = row_group, column, reason
 
 
 def write_table(table: pa.Table, where: str | Path | IO[bytes], **options: Any) -> None:
@@ -45,6 +55,19 @@ def open_file(source: str | Path | IO[bytes] | pa.NativeFile) -> pq.ParquetFile:
 def read_table(source: str | Path, *, columns: Sequence[str] | None = None) -> pa.Table:
     """``pq.read_table`` of one file, its page checksums checked."""
     return open_file(source).read(columns=None if columns is None else list(columns))
+
+
+def read_row_group(pf: pq.ParquetFile, index: int, columns: Sequence[str] | None = None) -> pa.Table:
+    """One row group of ``pf``; :class:`CorruptRowGroup` when a page fails or a column's row count is off."""
+    expected = pf.metadata.row_group(index).num_rows
+    try:
+        table = pf.read_row_group(index, columns=None if columns is None else list(columns))
+        if table.num_rows == expected:
+            return table
+        reason = f"{table.num_rows} rows where the footer says {expected}"
+    except (pa.ArrowException, OSError, EOFError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    raise CorruptRowGroup(index, corrupt_column(pf, index, columns), reason)
 
 
 def corrupt_column(pf: pq.ParquetFile, row_group: int, columns: Sequence[str] | None = None) -> str | None:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icsd_audit.data_schemas import load_schema
-from icsd_audit.parquet_io import corrupt_column, open_file
+from icsd_audit.parquet_io import CorruptRowGroup, open_file, read_row_group
 from icsd_audit.tokens import Tokens
 
 __all__ = ["DumpError", "DumpWarning", "TokenBatch", "DumpReader", "read_dumps", "prefetch", "resolve_paths",
@@ -486,14 +486,10 @@ def _drop_superseded(opened: list) -> list:
 def _read_group(pf: pq.ParquetFile, path: Path, index: int, columns: list[str] | None, file_offset: int) -> pa.Table:
     """One row group; a page that fails its checksum or cannot be decoded is a DumpError naming the column."""
     try:
-        table = pf.read_row_group(index, columns=columns)
-        if table.num_rows == pf.metadata.row_group(index).num_rows:
-            return table
-        exc: BaseException = EOFError(f"{table.num_rows} rows where the footer says {pf.metadata.row_group(index).num_rows}")
-    except (pa.ArrowException, OSError, EOFError) as err:
-        exc = err
-    raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({_first_line(exc)})",
-                    column=corrupt_column(pf, index, columns), row=file_offset)
+        return read_row_group(pf, index, columns)
+    except CorruptRowGroup as exc:
+        raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({exc.reason})",
+                        column=exc.column, row=file_offset) from None
 
 
 def _first_beyond_int64(pf: pq.ParquetFile, path: Path, name: str) -> tuple[int, int] | None:
