@@ -13,6 +13,7 @@ deeper than the parser recurses, a value that is not an object. A last line cut 
 from __future__ import annotations
 
 import json
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -74,9 +75,10 @@ def read_records(path: Path, *, keep: Callable[[str], bool] | None = None
             raise RunError(f"{path}: line {number} is not a JSON object")
         new = rec.keys() - kept - dropped
         if new:
-            saw_eval = saw_eval or any(k.startswith("eval/") for k in new)
-            for k in new:
-                (kept if keep is None or keep(k) else dropped).add(k)
+            saw_eval = saw_eval or any(map(str.startswith, new, repeat("eval/")))
+            accepted = new if keep is None else set(filter(keep, new))
+            kept |= accepted
+            dropped |= new - accepted
         if dropped and not dropped.isdisjoint(rec.keys()):
             rec = {k: rec[k] for k in rec.keys() & kept}
         out.append((number, rec))
