@@ -19,7 +19,7 @@ MAX_MODULES_PER_FOLDER = 12
 
 #: layer of each top-level part; an import may only point to the same or a lower layer
 LAYERS = {
-    "tokens": 0, "outputs": 0, "threads": 0, "version": 0, "paths": 0, "moved": 0, "data_schemas": 0,
+    "tokens": 0, "outputs": 0, "threads": 0, "version": 0, "paths": 0, "moved": 0, "parquet_io": 0, "data_schemas": 0,
     "alloc": 1, "stats": 1, "grads": 2, "dumps": 2, "audit": 3, "report": 4, "runs": 4, "envs": 4,
     "train": 5, "integrations": 6, "cli": 7,
 }
@@ -44,6 +44,8 @@ def _targets(node: ast.AST, name: str, path: Path) -> list[str]:
         if node.level:
             pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
             base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+        # ``from pkg import module`` names the module (the package's __init__ runs first as for any import, an
+        # edge this graph leaves out); ``from pkg import name`` names the package
         return [f"{base}.{a.name}" for a in node.names] + [base]
     return []
 
@@ -54,7 +56,10 @@ def import_graph() -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {m: {} for m in files}
     for name, path in files.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            for target in _targets(node, name, path):
+            targets = _targets(node, name, path)
+            if isinstance(node, ast.ImportFrom) and all(t in files for t in targets[:-1]):
+                targets = targets[:-1]  # every name is a module of the package
+            for target in targets:
                 while target and target not in files:
                     target = target.rpartition(".")[0]
                 if target and target != name:

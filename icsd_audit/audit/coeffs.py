@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from icsd_audit import parquet_io
+
 from icsd_audit.alloc.options import AllocatorOptions, allocate_batch, required_columns
 from icsd_audit.alloc.variants import Allocation
 from icsd_audit.dumps.provenance import json_safe
@@ -124,8 +126,8 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
                     kv = dict(table.schema.metadata or {})
                     kv[METADATA_KEY.encode()] = json.dumps(json_safe(meta), sort_keys=True, allow_nan=False).encode()
                     full = pa.schema([f if f.name in OUTPUT_COLUMNS else schema.field(f.name) for f in table.schema]).with_metadata(kv)
-                    writer = pq.ParquetWriter(tmp_out, full, compression="zstd",
-                                              use_dictionary=dictionary_columns(full))
+                    writer = parquet_io.writer(tmp_out, full, compression="zstd",
+                                               use_dictionary=dictionary_columns(full))
                 writer.write_table(table.select(writer.schema.names).cast(writer.schema))
             if writer is not None:
                 writer.close()

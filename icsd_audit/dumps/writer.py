@@ -4,7 +4,8 @@ The writer knows nothing of our training loop.  It takes torch tensors or numpy
 arrays, either flat per-token or padded ``(B, T)`` with a response mask (per-row
 ids of shape ``(B,)`` are broadcast), sorts rows by (batch, trajectory, turn,
 position) and writes one zstd shard per call through a temporary file and a rename,
-so a crash never leaves a half-written shard where a reader would find it.
+so a crash never leaves a half-written shard where a reader would find it. Every page
+carries a checksum (:mod:`icsd_audit.parquet_io`).
 
 A shard never replaces an existing file: it is published with a hard link, which
 fails when the name is taken (then the next sequence number is tried).  Names are
@@ -37,10 +38,10 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from icsd_audit.dumps.provenance import allocator_block, json_safe, producer_block
 from icsd_audit.dumps.reader import METADATA_KEY
+from icsd_audit.parquet_io import write_table
 
 __all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
@@ -98,8 +99,8 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     os.chmod(tmp, 0o666 & ~umask)
     try:
         try:
-            pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
-                           use_dictionary=dictionary_columns(table.schema))
+            write_table(table, tmp, row_group_size=row_group_size, compression=compression,
+                        use_dictionary=dictionary_columns(table.schema))
         except OSError as exc:  # a full disk: name the shard asked for, not the temporary (removed below)
             from icsd_audit.outputs import write_failed
 

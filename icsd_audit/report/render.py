@@ -13,14 +13,15 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
 
-__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "html_table",
-           "page_css", "terminal_lines"]
+__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "md_text",
+           "html_table", "page_css", "terminal_lines"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -228,10 +229,30 @@ def _headline(report: AuditReport) -> str:
             f"{_signed(t.diff, 1)} points ({100 * o.confidence_level:g} % action-turn bootstrap CI).")
 
 
+#: Markdown-active characters escaped with a backslash wherever they stand (see :func:`md_text`).
+_MD_ACTIVE = re.compile(r"([\\`*$~|#!{}])")
+#: ``_`` that could open or close emphasis (not between two word characters), ``]`` that could close a link.
+_MD_EDGE = re.compile(r"(?<!\w)_|_(?!\w)|\](?=[(\[:])")
+
+
+def md_text(text: object) -> str:
+    """``text`` as inert Markdown: what the HTML page does with ``html.escape``, for ``summary.md``.
+
+    ``&`` and ``<`` become entities (no raw HTML, no autolink), and so does a ``>`` that
+    starts the text (a quote); elsewhere ``>`` is inert once no ``<`` can open a tag. The
+    characters that start code, emphasis, maths, strikethrough or a table cell get a
+    backslash, and so do an ``_`` at a word's edge and a ``]`` that could close a link or
+    image (``](``, ``][``, ``]:``), so every run label, path, environment or metric name
+    reads as written. Formatted numbers and prose stay as they are: ``0.8 [0.3, 1.3]``,
+    ``pos_delta_neg_adv``, ``delta > 0``.
+    """
+    s = re.sub(r"^(\s*)>", r"\1&gt;", str(text).replace("&", "&amp;").replace("<", "&lt;"))
+    return _MD_EDGE.sub(lambda m: "\\" + m.group(0), _MD_ACTIVE.sub(r"\\\1", s))
+
+
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = (lambda x: str(x).replace("|", "\\|"))
-    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    lines = ["| " + " | ".join(map(md_text, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(md_text, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -242,20 +263,20 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
     if report.provenance.get("synthetic") not in (False,):
         parts += [f"> **Synthetic or unlabelled data** ({_synthetic_words(report)}): "
                   "these numbers describe the generator, not a training run.", ""]
-    parts += [_headline(report), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
+    parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
     for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
             if section in report.omitted:
-                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {report.omitted[section]}.*", ""]
+                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
             continue
         parts += [f"## {_TITLES.get(section, 'Summary' if section == 'summary' else 'Clipping exposure')}", ""]
         if section in figures:
             parts += [f"![{section}](figures/{section}.png)", "", f"*{CAPTIONS[section]}*", ""]
         for t in sec_tables:
-            parts += [f"**{t.title}**", "", _md_table(t.headers, t.rows), ""]
+            parts += [f"**{md_text(t.title)}**", "", _md_table(t.headers, t.rows), ""]
             if t.note:
-                parts += [t.note, ""]
+                parts += [md_text(t.note), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 

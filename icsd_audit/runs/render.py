@@ -102,14 +102,14 @@ def comparison_payload(c: Comparison, curves: Sequence[Any] = ()) -> dict[str, A
 
 
 def render_markdown(c: Comparison, figures: Sequence[str] = ()) -> str:
-    from icsd_audit.report.render import md_table
+    from icsd_audit.report.render import md_table, md_text
 
-    parts = ["# icsd compare", "", footer(c), ""]
+    parts = ["# icsd compare", "", md_text(footer(c)), ""]
     for t in comparison_tables(c):
-        parts += [f"**{t.title}**", "", md_table(t.headers, t.rows), ""]
+        parts += [f"**{md_text(t.title)}**", "", md_table(t.headers, t.rows), ""]
     for name in figures:
         parts += [f"![{name}](figures/{name}.png)", ""]
-    parts += _left_out_lines(c, lambda s: s)
+    parts += _left_out_lines(c, md_text)
     return "\n".join(parts).rstrip() + "\n"
 
 

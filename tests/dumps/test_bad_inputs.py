@@ -68,7 +68,7 @@ def test_corrupt_page_is_one_line_in_every_command(tmp_path: Path, column: str) 
         if column == "grad" and cmd[1] in ("tcm", "quadrants"):
             assert res.returncode == 0, res.stderr  # they never read the gradient column
             continue
-        line = one_line_exit_2(res, f"{f}, row 0: corrupt data in row group 0")
+        one_line_exit_2(res, f"{f}: column '{column}', row 0: corrupt data in row group 0")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]
 
 

@@ -77,13 +77,14 @@ def _rows(cfg: Any, split: str, role: str, n: int | None) -> list[dict[str, Any]
 
 def _write_atomic_table(rows: list[dict[str, Any]], path: Path) -> Path:
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from icsd_audit.parquet_io import write_table
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        write_table(pa.Table.from_pylist(rows), tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
