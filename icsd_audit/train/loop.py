@@ -47,7 +47,6 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 import random
 import time
 from contextlib import contextmanager
@@ -64,7 +63,9 @@ from icsd_audit.train.models import load_model, resolve_device, set_threads, tin
 from icsd_audit.train.actor import Actor, StepData, make_distillation
 from icsd_audit.train.advantages import get_estimator
 from icsd_audit.outputs import GracefulStop, Stopped
-from icsd_audit.train.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint, set_rng_state
+from icsd_audit.threads import choose_threads
+from icsd_audit.train.checkpoint import (CheckpointError, check_optimizer_fits, latest_checkpoint, save_checkpoint,
+                                         set_rng_state)
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.hybrid import make_hybrid
@@ -347,6 +348,11 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     plan = plan_run(cfg, resume=resume, overwrite=overwrite)
     if env_factory is None:
         check_services(cfg)
+    if plan.resuming and plan.start >= cfg.total_steps:  # a resume that runs no step changes nothing
+        reporter.message(f"--resume: steps 0..{plan.start - 1} in {plan.out} are complete; nothing to run "
+                         f"(--steps {cfg.total_steps}) and nothing changed: pass a larger --steps to continue")
+        return TrainResult(out_dir=plan.out, start_step=plan.start, next_step=plan.start,
+                           metrics_path=plan.out / "metrics.jsonl", dumps_dir=None, checkpoint=plan.checkpoint)
     progress = Progress(done=plan.start)
     with GracefulStop() as stop, contextlib.ExitStack() as hold:
         try:
@@ -363,9 +369,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
            stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
     out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
     # why this many threads, read when they are chosen (the log line waits for the model's)
-    threads_why = ("threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
-                   else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
-    set_threads(cfg.threads)
+    threads = choose_threads(cfg.threads)
+    set_threads(threads.n)
     map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
@@ -373,13 +378,18 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
     models = _models(cfg, device=device, ckpt=ckpt, precision=precision)
     if device.type == "cpu":
-        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads_why)
+        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads.why)
     policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
                                                        models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    if state and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    if state and state.get("optimizer") is not None:  # checked against this model before the folder changes
+        check_optimizer_fits(state["optimizer"], [p for p in policy.parameters() if p.requires_grad], ckpt)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"{ckpt}: its optimizer state does not fit this model "
+                                  f"({' '.join(str(exc).split())[:160]})") from None
     spill_on = cfg.spill_optimizer_state if cfg.spill_optimizer_state is not None else device.type == "cpu"
     spill = OptimizerSpill(optimizer, enabled=spill_on, directory=str(out))
 
@@ -426,8 +436,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         reporter.message(f"--overwrite: the run that was in {out} is now in {moved}")
     if removed:
         reporter.message(f"removed {len(removed)} temporary file(s) a stopped run left in {out} ({removed[0].name}, ...)")
-    if plan.resuming and ckpt is None and held_run(out):
-        reporter.message(f"--resume: no complete checkpoint in {checkpoint_dir(out)}; starting again at step 0")
+    if plan.resuming and ckpt is None and held_run(out):  # plan_run refused one with complete steps
+        reporter.message(f"--resume: {out} holds no complete step and no checkpoint; starting at step 0")
     with stop.critical():
         drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
         writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None), weights=models.info)

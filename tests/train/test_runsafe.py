@@ -217,7 +217,8 @@ def test_train_checks_every_value_before_writing_its_first_byte(tmp_path: Path) 
 
     out = tmp_path / "run"
     cases = {
-        ("--seed", "-1"): "--seed: seed=-1 must be an integer >= 0",
+        ("--seed", "-1"): "--seed: seed=-1 must be an integer in 0..4294967295",
+        ("--seed", "99999999999999999999"): "--seed: seed=99999999999999999999 must be an integer in 0..4294967295",
         ("--set", "lr=inf"): "--set lr=inf: lr=inf must be a finite number",
         ("--set", "distill_coef=inf"): "--set distill_coef=inf: distill_coef=inf must be a finite number",
         ("--set", "temperature=nan"): "--set temperature=nan: temperature=nan must be a finite number",
