@@ -32,6 +32,9 @@ def _require_train_extra(command: str) -> None:
     if missing:
         raise fail(f"`icsd {command}` needs the [train] extra ({', '.join(missing)} not installed): "
                    "pip install 'icsd-audit[train]' (from a checkout: pip install -e '.[train]')")
+    from icsd_audit.threads import check_environment
+
+    check_environment()  # ICSD_* variables: a bad one fails here, naming it, before any work
 
 
 #: config fields whose command-line option is not ``--field-name``
