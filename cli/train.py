@@ -65,7 +65,7 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
         raise ConfigError(named) from None
 
 
-def _resume_command(flag: str = "--resume") -> str | None:
+def resume_command(flag: str = "--resume") -> str | None:
     """This command line with ``flag`` (``--resume`` or ``--overwrite``) instead of ``--resume``, ``--overwrite``
     and ``--resume-from``, when it is known."""
     import shlex
@@ -225,8 +225,8 @@ def train_cmd(
     except Stopped as exc:
         from icsd_audit.train.resume import TrainingStopped
 
-        line = exc.line(_resume_command(), _resume_command("--overwrite")) if isinstance(exc, TrainingStopped) else \
-            exc.line(_resume_command()) if hasattr(exc, "line") else (
+        line = exc.line(resume_command(), resume_command("--overwrite")) if isinstance(exc, TrainingStopped) else \
+            exc.line(resume_command()) if hasattr(exc, "line") else (
             f"stopped by {exc.signal_name} before the run started: nothing was written")
         print(line, file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None

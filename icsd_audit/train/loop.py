@@ -47,7 +47,6 @@ import copy
 import dataclasses
 import json
 import logging
-import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,17 +63,18 @@ from icsd_audit.train.actor import Actor, StepData, make_distillation
 from icsd_audit.train.advantages import get_estimator
 from icsd_audit.outputs import GracefulStop, Stopped
 from icsd_audit.threads import choose_threads
-from icsd_audit.train.checkpoint import (CheckpointError, check_optimizer_fits, latest_checkpoint, save_checkpoint,
-                                         set_rng_state)
+from icsd_audit.train.checkpoint import latest_checkpoint, save_checkpoint, set_rng_state
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.hybrid import make_hybrid
 from icsd_audit.train.logprobs import score_rows, split_rows
 from icsd_audit.train.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
-from icsd_audit.train.resume import Plan, Progress, TrainingStopped, check_services, plan_run
+from icsd_audit.train.resume import (Plan, Progress, TrainingStopped, check_services, nothing_to_run, plan_run,
+                                     restore_optimizer)
 from icsd_audit.train.rundir import drop_steps_from, held_run, open_run_folder
 from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
+from icsd_audit.train.sampling import draw_tasks, seed_step
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.skills import load_skillbank
 from icsd_audit.train.teacher import make_teacher, skill_retriever
@@ -108,20 +108,6 @@ class TrainResult:
 # --------------------------------------------------------------------------------------
 # Set-up helpers
 # --------------------------------------------------------------------------------------
-
-
-def seed_step(seed: int, step: int) -> None:
-    """Reseed Python, NumPy and torch (CPU and CUDA) from (seed, step)."""
-    s = (int(seed) * 1_000_003 + int(step) * 7919 + 17) % (2**31 - 1)
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
-
-def draw_tasks(seed: int, step: int, num_tasks: int, n: int) -> list[int]:
-    """The step's task indices: distinct when the split has enough tasks."""
-    rng = np.random.default_rng([int(seed), int(step)])
-    return [int(t) for t in rng.choice(num_tasks, size=n, replace=n > num_tasks)]
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -349,8 +335,7 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     if env_factory is None:
         check_services(cfg)
     if plan.resuming and plan.start >= cfg.total_steps:  # a resume that runs no step changes nothing
-        reporter.message(f"--resume: steps 0..{plan.start - 1} in {plan.out} are complete; nothing to run "
-                         f"(--steps {cfg.total_steps}) and nothing changed: pass a larger --steps to continue")
+        reporter.message(nothing_to_run(plan, cfg.total_steps))
         return TrainResult(out_dir=plan.out, start_step=plan.start, next_step=plan.start,
                            metrics_path=plan.out / "metrics.jsonl", dumps_dir=None, checkpoint=plan.checkpoint)
     progress = Progress(done=plan.start)
@@ -384,12 +369,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
     if state and state.get("optimizer") is not None:  # checked against this model before the folder changes
-        check_optimizer_fits(state["optimizer"], [p for p in policy.parameters() if p.requires_grad], ckpt)
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise CheckpointError(f"{ckpt}: its optimizer state does not fit this model "
-                                  f"({' '.join(str(exc).split())[:160]})") from None
+        restore_optimizer(optimizer, state["optimizer"], ckpt)
     spill_on = cfg.spill_optimizer_state if cfg.spill_optimizer_state is not None else device.type == "cpu"
     spill = OptimizerSpill(optimizer, enabled=spill_on, directory=str(out))
 

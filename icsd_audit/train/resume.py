@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from icsd_audit.outputs import Stopped, check_not_input
-from icsd_audit.train.checkpoint import (STATE_FILE, CheckpointError, checkpoint_dir, is_checkpoint,
-                                         latest_checkpoint, load_trainer_state)
+from icsd_audit.train.checkpoint import (STATE_FILE, CheckpointError, check_optimizer_fits, checkpoint_dir,
+                                         is_checkpoint, latest_checkpoint, load_trainer_state)
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.metrics import kept_lines
 from icsd_audit.train.rundir import RunFolderError, check_run_folder, committed_steps, held_run, stop_line
 
 __all__ = ["Plan", "plan_run", "resume_checkpoint", "check_services", "TrainingStopped", "Progress",
-           "MAY_CHANGE_ON_RESUME", "check_same_run"]
+           "MAY_CHANGE_ON_RESUME", "check_same_run", "nothing_to_run", "restore_optimizer"]
 
 #: The only config fields a resumed run may set differently from the run it continues (docs/training.md,
 #: "Resuming"): none of them changes a number the run trains, dumps or logs. Every other difference is refused.
@@ -135,6 +135,23 @@ def _logged_steps(path: Path) -> list[int]:
     import json
 
     return [json.loads(line)["step"] for line in kept_lines(path, 2**62)]
+
+
+def nothing_to_run(plan: Plan, total_steps: int) -> str:
+    """The line of a resume whose checkpoint is at or past ``total_steps``: it runs and writes nothing."""
+    return (f"--resume: steps 0..{plan.start - 1} in {plan.out} are complete; nothing to run (--steps {total_steps}) "
+            "and nothing changed: pass a larger --steps to continue")
+
+
+def restore_optimizer(optimizer: Any, state: dict[str, Any], where: Path | None) -> None:
+    """Load a checkpoint's AdamW state, refused in one line when it does not fit the parameters being trained."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    check_optimizer_fits(state, params, where or "the checkpoint")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: its optimizer state does not fit this model "
+                              f"({' '.join(str(exc).split())[:160]})") from None
 
 
 def check_services(cfg: TrainConfig) -> None:

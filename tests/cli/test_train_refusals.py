@@ -151,3 +151,13 @@ def test_resume_with_another_allocator_is_one_line_naming_the_field(tmp_path: Pa
     assert "allocator 'icsd' -> 'sdar'" in res.output and f"{run / 'config.json'}" in res.output
     assert (run / "config.json").read_bytes() == before and sorted(p.name for p in run.iterdir()) == ["config.json"]
     assert json.loads(before)["allocator"] == "icsd"
+
+
+def test_the_stop_lines_commands_swap_resume_and_overwrite(monkeypatch: pytest.MonkeyPatch) -> None:
+    from icsd_audit.cli.train import resume_command
+
+    monkeypatch.setattr("sys.argv", ["icsd", "train", "--out", "r", "--overwrite", "--resume-from", "c", "--steps", "3"])
+    assert resume_command() == "icsd train --out r --steps 3 --resume"
+    assert resume_command("--overwrite") == "icsd train --out r --steps 3 --overwrite"
+    monkeypatch.setattr("sys.argv", ["icsd", "train", "--out", "r b", "--resume"])
+    assert resume_command("--overwrite") == "icsd train --out 'r b' --overwrite"
