@@ -259,7 +259,7 @@ def _load_state(folder: Path) -> dict[str, Any]:
     f = folder / STATE_FILE
     try:
         doc = read_json(f, what="trainer state")
-        if (folder / TENSOR_FILE).is_file() or os.path.lexists(folder / TENSOR_FILE):
+        if os.path.lexists(folder / TENSOR_FILE):
             safetensors_header(folder / TENSOR_FILE)
     except WeightFileError as exc:
         raise CheckpointError(str(exc)) from None
@@ -320,8 +320,10 @@ def _check_optimizer(opt: Any, f: Path) -> None:
     if opt is None:
         return
     if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
-            and all(isinstance(g, dict) for g in opt["param_groups"])):
-        raise CheckpointError(f"{f}: optimizer is not AdamW's state (state and param_groups)")
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                    and all(isinstance(i, int) and not isinstance(i, bool) for i in g["params"])
+                    for g in opt["param_groups"])):
+        raise CheckpointError(f"{f}: optimizer is not AdamW's state (state, and param_groups naming parameter numbers)")
     for pid, st in opt["state"].items():
         if not isinstance(st, dict):
             raise CheckpointError(f"{f}: optimizer.state.{pid} is {type(st).__name__}, not AdamW's moments")

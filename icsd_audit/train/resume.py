@@ -10,6 +10,7 @@ complete and the one line saying how to continue.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ from icsd_audit.train.rundir import RunFolderError, check_run_folder, committed_
 __all__ = ["Plan", "plan_run", "resume_checkpoint", "check_services", "TrainingStopped", "Progress",
            "MAY_CHANGE_ON_RESUME", "check_same_run", "nothing_to_run", "restore_optimizer"]
 
-#: The only config fields a resumed run may set differently from the run it continues (docs/training.md,
-#: "Resuming"): none of them changes a number the run trains, dumps or logs. Every other difference is refused.
+#: The only config fields a resumed run may set differently from the run it continues (docs/training.md, "What may
+#: change on resume"): none of them changes a number the run trains, dumps or logs. Any other difference is refused.
 MAY_CHANGE_ON_RESUME = {
     "total_steps": "how many steps to run in all",
     "out_dir": "where the run folder is (--resume-from into a new --out)",
@@ -132,8 +133,6 @@ def _check_unsaved_run(cfg: TrainConfig, out: Path) -> None:
 def _logged_steps(path: Path) -> list[int]:
     if not path.is_file():
         return []
-    import json
-
     return [json.loads(line)["step"] for line in kept_lines(path, 2**62)]
 
 

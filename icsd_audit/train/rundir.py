@@ -75,7 +75,8 @@ def check_run_folder(out: str | Path, *, resume: bool, overwrite: bool) -> list[
         here, target = Path.cwd().resolve(), out.resolve()
         if not out.name or out.name in (".", "..") or target == here or target in here.parents:
             raise RunFolderError(f"--out {out} --overwrite: {target} is this shell's folder or holds it, so it cannot "
-                                 "be moved aside; run from another folder, or name the run folder by its path")
+                                 f"be moved aside; run the command from outside it (cd {target.parent}; --out "
+                                 f"{target.name or '.'} --overwrite)")
     if found and not (resume or overwrite):
         raise RunFolderError(f"--out {out} holds another run ({', '.join(found)}); continue it with --resume, "
                              f"choose a new --out, or pass --overwrite to move it aside (to {out.name}.old-<date>) "
