@@ -32,6 +32,9 @@ def _require_train_extra(command: str) -> None:
     if missing:
         raise fail(f"`icsd {command}` needs the [train] extra ({', '.join(missing)} not installed): "
                    "pip install 'icsd-audit[train]' (from a checkout: pip install -e '.[train]')")
+    from icsd_audit.threads import check_environment
+
+    check_environment()  # ICSD_* variables: a bad one fails here, naming it, before any work
 
 
 #: config fields whose command-line option is not ``--field-name``
@@ -50,6 +53,9 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
     given = {k: _FLAGS.get(k, "--" + k.replace("_", "-")) for k in fields}
     for item in sets:
         key, value = parse_override(item)
+        if key in fields and fields[key] != value:  # two options for one field: neither silently wins
+            raise ConfigError([f"--set {item.strip()} contradicts {given[key]} (both set {key}: {value!r} and "
+                               f"{fields[key]!r}); pass one"])
         fields[key] = value
         given[key] = f"--set {item.strip()}"
     try:
@@ -59,8 +65,9 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
         raise ConfigError(named) from None
 
 
-def _resume_command() -> str | None:
-    """This command line with ``--resume`` (and without ``--overwrite`` / ``--resume-from``), when it is known."""
+def resume_command(flag: str = "--resume") -> str | None:
+    """This command line with ``flag`` (``--resume`` or ``--overwrite``) instead of ``--resume``, ``--overwrite``
+    and ``--resume-from``, when it is known."""
     import shlex
 
     args = sys.argv[1:]
@@ -73,9 +80,9 @@ def _resume_command() -> str | None:
             skip = False
         elif a == "--resume-from":
             skip = True
-        elif a != "--overwrite" and not a.startswith("--resume-from="):
+        elif a not in ("--overwrite", "--resume") and not a.startswith("--resume-from="):
             kept.append(a)
-    return "icsd " + shlex.join(kept + ([] if "--resume" in kept else ["--resume"]))
+    return "icsd " + shlex.join(kept + [flag])
 
 
 def _print_fields() -> None:
@@ -216,7 +223,10 @@ def train_cmd(
                    resume_from=resume_from, overwrite=overwrite,
                    set_=set_, plain=plain, engine=engine, dry_run=dry_run, gpus=gpus)
     except Stopped as exc:
-        line = exc.line(_resume_command()) if hasattr(exc, "line") else (
+        from icsd_audit.train.run.resume import TrainingStopped
+
+        line = exc.line(resume_command(), resume_command("--overwrite")) if isinstance(exc, TrainingStopped) else \
+            exc.line(resume_command()) if hasattr(exc, "line") else (
             f"stopped by {exc.signal_name} before the run started: nothing was written")
         print(line, file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -317,6 +327,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     with routed_logs(reporter), reporter.keepalive():
         res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None),
                     reporter=reporter, overwrite=overwrite)
+    if res.next_step == res.start_step:  # a resume with nothing to run: train() said so and changed nothing
+        return
     con = stderr_console()
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")

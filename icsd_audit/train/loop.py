@@ -45,8 +45,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,15 +59,18 @@ from icsd_audit.train.models.loading import resolve_device, resolve_precision, s
 from icsd_audit.train.update.actor import Actor, StepData, make_distillation
 from icsd_audit.train.update.advantages import get_estimator
 from icsd_audit.outputs import GracefulStop, Stopped
-from icsd_audit.train.run.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint, set_rng_state
+from icsd_audit.threads import choose_threads
+from icsd_audit.train.run.checkpoint import latest_checkpoint, save_checkpoint, set_rng_state
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
 from icsd_audit.train.update.hybrid import make_hybrid
 from icsd_audit.train.models.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
 from icsd_audit.train.run.metrics import MetricsLog, NullReporter, Reporter, step_tcm
-from icsd_audit.train.run.resume import Plan, Progress, TrainingStopped, check_services, plan_run
+from icsd_audit.train.run.resume import (Plan, Progress, TrainingStopped, check_services, nothing_to_run, plan_run,
+                                         restore_optimizer)
 from icsd_audit.train.run.folder import drop_steps_from, held_run, open_run_folder
 from icsd_audit.train.rollout.collect import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
+from icsd_audit.train.rollout.sampling import draw_tasks, seed_step
 from icsd_audit.train.update.schedule import warmup_lr
 from icsd_audit.train.update.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.teacher.skills import load_skillbank
@@ -105,18 +106,6 @@ class TrainResult:
 # --------------------------------------------------------------------------------------
 
 
-def seed_step(seed: int, step: int) -> None:
-    """Reseed Python, NumPy and torch (CPU and CUDA) from (seed, step)."""
-    s = (int(seed) * 1_000_003 + int(step) * 7919 + 17) % (2**31 - 1)
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
-
-def draw_tasks(seed: int, step: int, num_tasks: int, n: int) -> list[int]:
-    """The step's task indices: distinct when the split has enough tasks."""
-    rng = np.random.default_rng([int(seed), int(step)])
-    return [int(t) for t in rng.choice(num_tasks, size=n, replace=n > num_tasks)]
 
 
 class _Phases:
@@ -186,6 +175,10 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     plan = plan_run(cfg, resume=resume, overwrite=overwrite)
     if env_factory is None:
         check_services(cfg)
+    if plan.resuming and plan.start >= cfg.total_steps:  # a resume that runs no step changes nothing
+        reporter.message(nothing_to_run(plan, cfg.total_steps))
+        return TrainResult(out_dir=plan.out, start_step=plan.start, next_step=plan.start,
+                           metrics_path=plan.out / "metrics.jsonl", dumps_dir=None, checkpoint=plan.checkpoint)
     progress = Progress(done=plan.start)
     with GracefulStop() as stop, contextlib.ExitStack() as hold:
         try:
@@ -202,9 +195,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
            stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
     out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
     # why this many threads, read when they are chosen (the log line waits for the model's)
-    threads_why = ("threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
-                   else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
-    set_threads(cfg.threads)
+    threads = choose_threads(cfg.threads)
+    set_threads(threads.n)
     map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
@@ -212,13 +204,13 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
     models = build_models(cfg, device=device, ckpt=ckpt, precision=precision)
     if device.type == "cpu":
-        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads_why)
+        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads.why)
     policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
                                                        models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    if state and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    if state and state.get("optimizer") is not None:  # checked against this model before the folder changes
+        restore_optimizer(optimizer, state["optimizer"], ckpt)
     spill_on = cfg.spill_optimizer_state if cfg.spill_optimizer_state is not None else device.type == "cpu"
     spill = OptimizerSpill(optimizer, enabled=spill_on, directory=str(out))
 
@@ -266,8 +258,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         reporter.message(f"--overwrite: the run that was in {out} is now in {moved}")
     if removed:
         reporter.message(f"removed {len(removed)} temporary file(s) a stopped run left in {out} ({removed[0].name}, ...)")
-    if plan.resuming and ckpt is None and held_run(out):
-        reporter.message(f"--resume: no complete checkpoint in {checkpoint_dir(out)}; starting again at step 0")
+    if plan.resuming and ckpt is None and held_run(out):  # plan_run refused one with complete steps
+        reporter.message(f"--resume: {out} holds no complete step and no checkpoint; starting at step 0")
     with stop.critical():
         drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
         writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None), weights=models.info)

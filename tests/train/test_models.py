@@ -146,9 +146,9 @@ def test_set_threads(monkeypatch):
     try:
         monkeypatch.delenv("ICSD_THREADS", raising=False)
         monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-        monkeypatch.setattr("os.getloadavg", lambda: (0.3, 2.0, 2.0))
-        assert set_threads() == 2  # default: the idle cores (the 1-minute load's whole part is busy)
-        monkeypatch.setattr("os.getloadavg", lambda: (1.2, 0.0, 0.0))
+        monkeypatch.setattr("icsd_audit.threads.busy_cores", lambda: 0.3)
+        assert set_threads() == 2  # default: the idle cores (0.3 of 2 busy now)
+        monkeypatch.setattr("icsd_audit.threads.busy_cores", lambda: 1.2)
         assert set_threads() == 1  # one process already runs: its core is not idle
         monkeypatch.setenv("ICSD_THREADS", "2")
         assert set_threads() == 2

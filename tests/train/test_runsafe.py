@@ -85,6 +85,12 @@ def test_sigterm_mid_step_then_resume_gives_the_uninterrupted_run(tmp_path: Path
     for k in ta:
         assert ta[k].equals(tb[k]), k
     assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step000000", "step000001", "step000002"]
+    # the configuration recorded is the uninterrupted run's (out_dir apart), in config.json and run.json
+    ca, cb = (json.loads((r / "config.json").read_text()) for r in (straight.out_dir, run))
+    assert cb == {**ca, "out_dir": str(run)}
+    ja, jb = (json.loads((r / "run.json").read_text()) for r in (straight.out_dir, run))
+    assert jb["config"] == cb and ja["config"] == ca
+    assert [(j["seed"], j["status"], j["completed_steps"], j["total_steps"]) for j in (ja, jb)] == [(0, "finished", 3, 3)] * 2
 
 
 def test_sigint_during_a_checkpoint_lets_it_finish_then_stops(tmp_path: Path, bank: str,  # noqa: F811
@@ -217,7 +223,8 @@ def test_train_checks_every_value_before_writing_its_first_byte(tmp_path: Path) 
 
     out = tmp_path / "run"
     cases = {
-        ("--seed", "-1"): "--seed: seed=-1 must be an integer >= 0",
+        ("--seed", "-1"): "--seed: seed=-1 must be an integer in 0..4294967295",
+        ("--seed", "99999999999999999999"): "--seed: seed=99999999999999999999 must be an integer in 0..4294967295",
         ("--set", "lr=inf"): "--set lr=inf: lr=inf must be a finite number",
         ("--set", "distill_coef=inf"): "--set distill_coef=inf: distill_coef=inf must be a finite number",
         ("--set", "temperature=nan"): "--set temperature=nan: temperature=nan must be a finite number",

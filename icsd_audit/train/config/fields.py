@@ -54,12 +54,15 @@ from typing import Any, ClassVar, Mapping
 
 __all__ = ["TrainConfig", "ConfigError", "field_docs", "parse_override", "REWARDS", "WARM_START_PREFIX", "resolve_init",
            "same_base", "shipped_warm_starts", "warm_starts_dir"]
+from icsd_audit.threads import MAX_THREADS
 
 #: Reward shaping names (see ``TrainConfig.reward``).
 REWARDS = ("won10", "score")
 #: Invalid-turn rules (see ``TrainConfig.invalid_rule`` and icsd_audit.train.rollout.collect.INVALID_RULES).
 INVALID_RULE_NAMES = ("format", "admissible")
 _PRECISIONS = ("auto", "float32", "bf16-mixed")
+#: the largest seed: every generator a seed reaches (NumPy's legacy seeding among them) takes 0..2**32 - 1
+SEED_MAX = 2**32 - 1
 _NO_ALLOCATOR = "none"
 
 
@@ -433,7 +436,7 @@ class TrainConfig:
             need(not isinstance(v, float) or math.isfinite(v), f"{f.name}={v!r} must be a finite number")
         for name in ("seed", "alloc_seed", "sketch_seed"):
             v = getattr(self, name)
-            need(v >= 0, f"{name}={v!r} must be an integer >= 0")
+            need(0 <= v <= SEED_MAX, f"{name}={v!r} must be an integer in 0..{SEED_MAX}")
 
         for name in ("total_steps", "max_turns", "n_tasks", "group_size", "max_prompt_tokens", "max_response_tokens",
                      "rollout_batch_rows", "ppo_epochs", "mini_batch_rows", "micro_batch_rows", "min_group"):
@@ -450,7 +453,8 @@ class TrainConfig:
         p.extend(self._init_problems())
         need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints} must be >= 1")
         need(self.eval_tasks >= 1, f"eval_tasks={self.eval_tasks} must be >= 1")
-        need(self.threads is None or self.threads >= 1, f"threads={self.threads} must be >= 1 or None")
+        need(self.threads is None or 1 <= self.threads <= MAX_THREADS,
+             f"threads={self.threads} must lie in 1..{MAX_THREADS} or be None")
         need(self.group_size >= 2 or self.adv_estimator not in ("grpo", "gigpo"),
              f"group_size={self.group_size}: group-relative advantages need at least 2 rollouts per task; set group_size >= 2")
         need(self.temperature > 0, f"temperature={self.temperature} must be > 0 for training (sampling); use e.g. 1.0")

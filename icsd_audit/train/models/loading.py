@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from icsd_audit.paths import cache_root
-from icsd_audit.threads import env_threads, idle_cores
+from icsd_audit.threads import choose_threads
 
 __all__ = [
     "EMBEDDED_MODEL_NAME",
@@ -74,8 +74,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded; the message says how to fix it."""
+class ModelLoadError(RuntimeError, ValueError):
+    """A model or tokenizer could not be loaded; the message says how to fix it (a ValueError too: the CLI's
+    one-line refusal with exit 2)."""
 
 
 @dataclass
@@ -99,12 +100,12 @@ def set_threads(n: int | None = None) -> int:
     """Set torch's intra-op CPU threads to ``n`` and return the number in force.
 
     ``None`` reads ``ICSD_THREADS`` and otherwise takes the cores idle at this moment
-    (:func:`icsd_audit.threads.idle_cores`, at least 1, at most 8). The reference machine has
+    (:func:`icsd_audit.threads.idle_cores`: a short sample of /proc/stat; at least 1, at most 8). The reference machine has
     2 *shared* cores: with other work on them a second OpenMP thread made SmolLM2's
     forward 2x and its forward+backward 5x slower (docs/models.md), while torch's own
     default takes every core it sees. Inter-op threads are set to 1 when torch still allows it.
     """
-    n = env_threads(default=idle_cores()) if n is None else int(n)
+    n = choose_threads(None).n if n is None else int(n)
     if n < 1:
         raise ValueError(f"thread count must be >= 1, got {n}")
     torch.set_num_threads(n)
@@ -338,6 +339,7 @@ def load_model(
     padding_side: str | None = None,
     eval_mode: bool = True,
     trust_remote_code: bool = False,
+    strict: bool = True,
     **from_pretrained_kwargs: Any,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local folder, offline.
@@ -352,6 +354,8 @@ def load_model(
         eval_mode: return the model in ``eval()`` mode (dropout off); the trainer switches.
         trust_remote_code: run Python code shipped in the model folder (``auto_map``); off unless
             asked for, since a model folder from elsewhere could run anything.
+        strict: refuse (:class:`ModelLoadError`) weight files with missing, unexpected or
+            mis-shaped tensors instead of initialising the missing ones at random.
         from_pretrained_kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
     """
     from transformers import AutoModelForCausalLM
@@ -374,14 +378,31 @@ def load_model(
             )
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"{folder} has no config.json; point to the folder that holds the model's files")
+        from icsd_audit.train.weightfiles import WeightFileError, check_folder
+
+        try:
+            check_folder(folder)
+        except WeightFileError as exc:
+            raise ModelLoadError(str(exc)) from None
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     if padding_side is not None:
         tokenizer.padding_side = padding_side
-    with _offline():
-        model = AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=trust_remote_code, **_dtype_kwarg(dt),
-            **from_pretrained_kwargs
-        )
+    try:
+        with _offline():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=trust_remote_code, **_dtype_kwarg(dt),
+                output_loading_info=True, **from_pretrained_kwargs
+            )
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelLoadError(f"{folder}: cannot load the model ({text})") from None
+    if strict:  # transformers fills a tensor the files lack with random values, and skips one they hold extra
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            names = sorted(str(n) for n in (info.get(kind) or []))
+            if names:
+                raise ModelLoadError(f"{folder}: its weights do not match the model its config.json describes: "
+                                     f"{len(names)} {kind.replace('_keys', '')} tensor(s) ({', '.join(names[:3])}"
+                                     f"{', ...' if len(names) > 3 else ''}); refusing to fill them at random")
     model.to(dev)
     if eval_mode:
         model.eval()

@@ -94,10 +94,7 @@ def read_adapter_meta(path: str | Path) -> dict[str, Any]:
     f = Path(path).expanduser() / ADAPTER_META
     if not f.is_file():
         return {}
-    try:
-        meta = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{f}: not readable as JSON ({e})") from None
+    meta = _read_json(f)
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise AdapterError(f"{f}: not an icsd adapter description (format {_FORMAT!r} expected)")
     return meta
@@ -106,15 +103,28 @@ def read_adapter_meta(path: str | Path) -> dict[str, Any]:
 def adapter_settings(path: str | Path) -> LoraSettings:
     """Rank, alpha and targets of a saved adapter (from peft's ``adapter_config.json``)."""
     f = Path(path).expanduser() / "adapter_config.json"
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{f}: not readable as JSON ({e})") from None
+    cfg = _read_json(f)
+    if not isinstance(cfg, dict):
+        raise AdapterError(f"{f}: not a JSON object")
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise AdapterError(f"{f}: peft_type {cfg.get('peft_type')!r}; icsd trains and loads LoRA adapters only")
     t = cfg.get("target_modules")
-    targets = "all-linear" if t in ("all-linear", None) else ",".join(sorted(t)) if isinstance(t, list) else str(t)
-    return LoraSettings(rank=int(cfg["r"]), alpha=float(cfg.get("lora_alpha", cfg["r"])), targets=targets)
+    r, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
+    if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1 and isinstance(alpha, (int, float))
+            and not isinstance(alpha, bool) and (t is None or isinstance(t, (str, list)))):
+        raise AdapterError(f"{f}: r={r!r}, lora_alpha={alpha!r}, target_modules={t!r} are not a LoRA adapter's "
+                           "settings (r an integer >= 1, lora_alpha a number)")
+    targets = "all-linear" if t in ("all-linear", None) else ",".join(sorted(map(str, t))) if isinstance(t, list) else t
+    return LoraSettings(rank=r, alpha=float(alpha), targets=targets)
+
+
+def _read_json(f: Path) -> Any:
+    from icsd_audit.train.weightfiles import WeightFileError, read_json
+
+    try:
+        return read_json(f)
+    except (OSError, WeightFileError) as e:
+        raise AdapterError(str(e) if isinstance(e, WeightFileError) else f"{f}: not readable ({e})") from None
 
 
 def same_model(a: str, b: str) -> bool:
@@ -163,6 +173,8 @@ def _quiet() -> Iterator[None]:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        # missing adapter keys: _check_tensor_names refuses them in one line after the load
+        warnings.filterwarnings("ignore", message="Found missing adapter keys", category=UserWarning)
         yield
 
 
@@ -186,6 +198,13 @@ def load_adapter(model: Any, adapter: str | Path, *, trainable: bool, reference_
     require_peft()
     from peft import PeftModel
 
+    from icsd_audit.train.weightfiles import WeightFileError, check_folder
+
+    try:  # headers and configs before peft and safetensors parse them
+        for folder in [adapter] + ([reference_from] if reference_from is not None else []):
+            check_folder(Path(folder).expanduser())
+    except WeightFileError as e:
+        raise AdapterError(str(e)) from None
     try:
         with _quiet():
             peft_model = PeftModel.from_pretrained(model, str(Path(adapter).expanduser()), is_trainable=trainable)
@@ -196,7 +215,27 @@ def load_adapter(model: Any, adapter: str | Path, *, trainable: bool, reference_
     except (RuntimeError, ValueError, KeyError) as e:  # shape mismatch, missing keys: wrong base
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AdapterError(f"adapter {adapter} does not fit its base model: {first}") from None
+    _check_tensor_names(peft_model, Path(adapter).expanduser())
     return peft_model
+
+
+def _check_tensor_names(peft_model: Any, folder: Path) -> None:
+    """Refuse an adapter file whose tensors are not exactly those of the adapter peft built (peft only warns of
+    missing ones, which keep their fresh initial values, and drops unexpected ones without a word)."""
+    from peft import get_peft_model_state_dict
+
+    from icsd_audit.train.weightfiles import safetensors_header
+
+    f = folder / "adapter_model.safetensors"
+    if not f.is_file():
+        return
+    want = set(get_peft_model_state_dict(peft_model, adapter_name="default"))
+    have = set(safetensors_header(f))
+    for kind, names in (("missing", sorted(want - have)), ("unexpected", sorted(have - want))):
+        if names:
+            raise AdapterError(f"{f}: {len(names)} {kind} tensor(s) ({', '.join(names[:3])}"
+                               f"{', ...' if len(names) > 3 else ''}) for the adapter its adapter_config.json "
+                               "describes; refusing to train from a partial adapter")
 
 
 def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:

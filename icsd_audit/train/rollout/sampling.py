@@ -9,14 +9,17 @@ tokens up to kernel numerics.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Sequence
+
+import numpy as np
 
 import torch
 from torch import Tensor
 
 from icsd_audit.train.update.logprobs import autocast_for
 
-__all__ = ["pad_and_stop_ids", "sample", "sampling_config"]
+__all__ = ["pad_and_stop_ids", "sample", "sampling_config", "seed_step", "draw_tasks"]
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -114,3 +117,17 @@ def sample(
         lp = (logits.gather(-1, gen.to(logits.device).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)).cpu()
         logps = [lp[i, : lengths[i]].clone() for i in range(B)]
     return [gen[i, : lengths[i]].tolist() for i in range(B)], logps
+
+
+def seed_step(seed: int, step: int) -> None:
+    """Reseed Python, NumPy and torch (CPU and CUDA) from (seed, step)."""
+    s = (int(seed) * 1_000_003 + int(step) * 7919 + 17) % (2**31 - 1)
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def draw_tasks(seed: int, step: int, num_tasks: int, n: int) -> list[int]:
+    """The step's task indices: distinct when the split has enough tasks."""
+    rng = np.random.default_rng([int(seed), int(step)])
+    return [int(t) for t in rng.choice(num_tasks, size=n, replace=n > num_tasks)]

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 __all__ = ["save_checkpoint", "load_trainer_state", "latest_checkpoint", "checkpoint_dir", "rng_state", "set_rng_state",
-           "is_checkpoint", "remove_stale", "CheckpointError", "STATE_FILE", "TENSOR_FILE", "LEGACY_STATE_FILE"]
+           "is_checkpoint", "remove_stale", "CheckpointError", "check_trainer_state", "check_optimizer_fits", "MAX_STEPS",
+           "STATE_FILE", "TENSOR_FILE", "LEGACY_STATE_FILE"]
 
 _PREFIX = "step-"
 STATE_FILE = "trainer_state.json"
@@ -242,9 +243,9 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     folder = p if p.is_dir() else p.parent
     if (folder / STATE_FILE).is_file():
-        return _load_state(folder)
+        return check_trainer_state(_load_state(folder), folder)
     if (folder / LEGACY_STATE_FILE).is_file():
-        return _load_legacy(folder / LEGACY_STATE_FILE)
+        return check_trainer_state(_load_legacy(folder / LEGACY_STATE_FILE), folder)
     raise FileNotFoundError(f"{folder} is not an icsd checkpoint (no {STATE_FILE}); "
                             "pass a folder under <out_dir>/checkpoints/")
 
@@ -253,11 +254,15 @@ def _load_state(folder: Path) -> dict[str, Any]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from icsd_audit.train.weightfiles import WeightFileError, read_json, safetensors_header
+
     f = folder / STATE_FILE
     try:
-        doc = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{f}: not valid JSON ({exc})") from None
+        doc = read_json(f, what="trainer state")
+        if os.path.lexists(folder / TENSOR_FILE):
+            safetensors_header(folder / TENSOR_FILE)
+    except WeightFileError as exc:
+        raise CheckpointError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise CheckpointError(f"{f}: not an icsd trainer state (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     if doc.get("version") != _VERSION:
@@ -266,10 +271,95 @@ def _load_state(folder: Path) -> dict[str, Any]:
         tensors = load_file(str(folder / TENSOR_FILE)) if (folder / TENSOR_FILE).is_file() else {}
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{folder / TENSOR_FILE}: not a readable safetensors file ({exc})") from None
-    state = {k: _join(v, tensors, folder / TENSOR_FILE) for k, v in doc.items() if k not in ("format", "version")}
+    try:
+        state = {k: _join(v, tensors, folder / TENSOR_FILE) for k, v in doc.items() if k not in ("format", "version")}
+    except (TypeError, ValueError, OverflowError) as exc:  # a crafted ndarray dtype or value
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{f}: not a trainer state icsd wrote ({' '.join(str(exc).split())[:160]})") from None
     if "next_step" not in state:
         raise CheckpointError(f"{f}: no next_step")
     opt = state.get("optimizer")
     if isinstance(opt, dict) and isinstance(opt.get("state"), dict):  # JSON keys are strings; torch's are parameter ids
+        bad = sorted(k for k in opt["state"] if not (isinstance(k, str) and k.isdigit()))
+        if bad:
+            raise CheckpointError(f"{f}: optimizer.state has keys {bad[:3]}, not parameter numbers")
         opt["state"] = {int(k): v for k, v in opt["state"].items()}
     return state
+
+
+#: the most steps a run may have (a next_step above it is a corrupt or crafted file, not a run)
+MAX_STEPS = 10**9
+
+
+def check_trainer_state(state: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """Refuse a trainer state whose values this version cannot use, before anything is deleted or loaded.
+
+    ``next_step`` must be an integer in 1..MAX_STEPS and match the folder's name
+    (``step-000004`` holds ``next_step`` 5); ``config`` a JSON object; ``optimizer`` None or
+    AdamW's state dict (its tensors floating point); ``rng`` the four generators' states,
+    each accepted by its generator (tried on a copy, then the caller's states restored).
+    """
+    folder = Path(folder)
+    f = folder / (STATE_FILE if (folder / STATE_FILE).is_file() else LEGACY_STATE_FILE)
+    n = state.get("next_step")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_STEPS:
+        raise CheckpointError(f"{f}: next_step is {n!r}; a checkpoint holds an integer from 1 to {MAX_STEPS}")
+    tail = folder.name[len(_PREFIX):] if folder.name.startswith(_PREFIX) else ""
+    if tail.isdigit() and int(tail) + 1 != n:
+        raise CheckpointError(f"{f}: next_step is {n}, but the folder {folder.name} is the checkpoint taken after step "
+                              f"{int(tail)} (next_step {int(tail) + 1})")
+    if not isinstance(state.get("config"), dict):
+        raise CheckpointError(f"{f}: config is {type(state.get('config')).__name__}, not the run's configuration")
+    _check_optimizer(state.get("optimizer"), f)
+    _check_rng(state.get("rng"), f)
+    return state
+
+
+def _check_optimizer(opt: Any, f: Path) -> None:
+    if opt is None:
+        return
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                    and all(isinstance(i, int) and not isinstance(i, bool) for i in g["params"])
+                    for g in opt["param_groups"])):
+        raise CheckpointError(f"{f}: optimizer is not AdamW's state (state, and param_groups naming parameter numbers)")
+    for pid, st in opt["state"].items():
+        if not isinstance(st, dict):
+            raise CheckpointError(f"{f}: optimizer.state.{pid} is {type(st).__name__}, not AdamW's moments")
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            v = st.get(key)
+            if key in st and not (torch.is_tensor(v) and v.is_floating_point() and bool(torch.isfinite(v).all())):
+                what = f"{v.dtype} tensor" if torch.is_tensor(v) else type(v).__name__
+                raise CheckpointError(f"{f}: optimizer.state.{pid}.{key} is a {what}; AdamW keeps finite "
+                                      "floating-point tensors")
+
+
+def _check_rng(rng: Any, f: Path) -> None:
+    if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+        raise CheckpointError(f"{f}: rng does not hold the python, numpy and torch generator states")
+    if not (torch.is_tensor(rng["torch"]) and rng["torch"].dtype == torch.uint8):
+        raise CheckpointError(f"{f}: rng.torch is not a uint8 tensor (torch's generator state)")
+    saved = rng_state()
+    try:
+        set_rng_state({k: v for k, v in rng.items() if k != "cuda"})
+    except Exception as exc:  # noqa: BLE001  (NumPy and torch raise IndexError, TypeError... on a crafted state)
+        raise CheckpointError(f"{f}: rng is not a generator state ({' '.join(str(exc).split())[:120]})") from None
+    finally:
+        set_rng_state(saved)
+
+
+def check_optimizer_fits(opt: dict[str, Any] | None, params: list[Any], where: str | Path) -> None:
+    """Refuse AdamW state whose parameter count or moment shapes differ from the parameters it would update."""
+    if opt is None:
+        return
+    groups = opt["param_groups"]
+    ids = [i for g in groups for i in (g.get("params") or [])]
+    if len(ids) != len(params) or sorted(ids) != list(range(len(params))):
+        raise CheckpointError(f"{where}: its optimizer state is for {len(ids)} parameter tensors; this model trains "
+                              f"{len(params)}: the checkpoint is of another model or another LoRA setting")
+    for i, st in opt["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st and tuple(st[key].shape) != tuple(params[i].shape):
+                raise CheckpointError(f"{where}: optimizer.state.{i}.{key} has shape {tuple(st[key].shape)}; "
+                                      f"parameter {i} of this model has {tuple(params[i].shape)}")

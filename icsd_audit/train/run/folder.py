@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 __all__ = ["RUN_FILES", "RunFolderError", "held_run", "check_run_folder", "open_run_folder", "move_aside",
-           "remove_temporaries", "drop_steps_from", "stop_line", "LOCK_FILE"]
+           "remove_temporaries", "drop_steps_from", "committed_steps", "stop_line", "LOCK_FILE"]
 
 #: what a run writes at the top of its folder; any of them means the folder holds a run
 RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "run.json", "dumps", "checkpoints")
@@ -71,6 +71,12 @@ def check_run_folder(out: str | Path, *, resume: bool, overwrite: bool) -> list[
                              "--overwrite moves it aside and starts a new one; pass one")
     _writable(out)
     found = held_run(out)
+    if found and overwrite and not resume:
+        here, target = Path.cwd().resolve(), out.resolve()
+        if not out.name or out.name in (".", "..") or target == here or target in here.parents:
+            raise RunFolderError(f"--out {out} --overwrite: {target} is this shell's folder or holds it, so it cannot "
+                                 f"be moved aside; run the command from outside it (cd {target.parent}; --out "
+                                 f"{target.name or '.'} --overwrite)")
     if found and not (resume or overwrite):
         raise RunFolderError(f"--out {out} holds another run ({', '.join(found)}); continue it with --resume, "
                              f"choose a new --out, or pass --overwrite to move it aside (to {out.name}.old-<date>) "
@@ -188,12 +194,21 @@ def drop_steps_from(dumps: str | Path, start: int) -> list[Path]:
     return removed
 
 
+def committed_steps(dumps: str | Path) -> list[int]:
+    """The steps whose dumps are committed in ``dumps`` (step folders and older versions' flat shards)."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        return sorted({int(m.group(1)) for e in Path(dumps).iterdir() if (m := _STEP_ENTRY.fullmatch(e.name))})
+    return []
+
+
 def stop_line(signal_name: str, *, out: Path, started: bool, step: int | None, first: int, done: int,
-              checkpoint: Path | None, resume_command: str | None = None) -> str:
-    """The one line a stopped run prints: what is complete and how to continue.
+              checkpoint: Path | None, resume_command: str | None = None, fresh_command: str | None = None) -> str:
+    """The one line a stopped run prints: what is complete and how to continue, losing nothing.
 
     ``first``..``done - 1`` are the steps this launch completed (``done`` = the next step
-    to run); ``checkpoint`` is the newest complete one in the folder.
+    to run); ``checkpoint`` is the newest complete one in the folder. Steps complete with
+    no checkpoint cannot be continued (``--resume`` refuses them): the line then suggests
+    ``fresh_command`` (the command with ``--overwrite``), which keeps them in a dated folder.
     """
     if not started:
         return f"stopped by {signal_name} before the run started: nothing was written to {out}"
@@ -210,6 +225,10 @@ def stop_line(signal_name: str, *, out: Path, started: bool, step: int | None, f
         n = checkpoint.name.rsplit("-", 1)[-1]
         if n.isdigit() and int(n) + 1 < done:
             where += f"; steps {int(n) + 1}..{done - 1} are redone, the same numbers again"
+    elif done > 0:
+        again = fresh_command or "the same command with --overwrite"
+        return (f"stopped by {signal_name}{during}; {complete}; no checkpoint yet, so they cannot be continued: "
+                f"start again with: {again} (steps 0..{done - 1} move to {out.name}.old-<date>, nothing is deleted)")
     else:
         where = "from step 0: no checkpoint yet"
     return f"stopped by {signal_name}{during}; {complete}; continue with: {resume} ({where})"

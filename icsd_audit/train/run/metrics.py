@@ -25,7 +25,7 @@ import numpy as np
 
 from icsd_audit.alloc.settings import DEFAULTS
 
-__all__ = ["MetricsLog", "Reporter", "NullReporter", "PrintReporter", "step_tcm", "clean", "clock", "summary_line"]
+__all__ = ["kept_lines", "MetricsLog", "Reporter", "NullReporter", "PrintReporter", "step_tcm", "clean", "clock", "summary_line"]
 
 
 def clean(x: Any) -> Any:
@@ -44,6 +44,38 @@ def clean(x: Any) -> Any:
     return x
 
 
+def kept_lines(path: str | Path, start_step: int) -> list[str]:
+    """The lines of a run's JSONL log that a run resumed at ``start_step`` keeps (those of earlier steps).
+
+    Read without writing, so a resume checks its logs before it changes anything: a
+    file that is not UTF-8, or a record whose ``step`` is not an integer, is refused
+    (ValueError naming the file and line); a torn last line (a crash mid-write) is dropped.
+    """
+    f = Path(path)
+    try:
+        lines = f.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{f}: not a UTF-8 JSONL log (byte {exc.start}); move the file aside to resume") from None
+    kept = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"{f}: line {i} is nested too deeply to be a metrics record") from None
+        except ValueError:
+            if i == len(lines):
+                continue  # a torn last line from a crash
+            raise ValueError(f"{f}: line {i} is not JSON; move the file aside to resume") from None
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ValueError(f"{f}: line {i}: step is {step!r}, not an integer step number")
+        if step < start_step:
+            kept.append(line)
+    return kept
+
+
 class MetricsLog:
     """Append-only JSONL, one record per step, flushed at once."""
 
@@ -53,14 +85,7 @@ class MetricsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line from a crash
-                if int(rec.get("step", -1)) < start_step:
-                    kept.append(line)
+            kept = kept_lines(self.path, start_step)
             write_text_atomic(self.path, "".join(k + "\n" for k in kept))
 
     def write(self, record: Mapping[str, Any]) -> None:

@@ -10,17 +10,51 @@ complete and the one line saying how to continue.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from icsd_audit.outputs import Stopped, check_not_input
-from icsd_audit.train.run.checkpoint import (CheckpointError, checkpoint_dir, is_checkpoint, latest_checkpoint,
-                                         load_trainer_state)
+from icsd_audit.train.run.checkpoint import (STATE_FILE, CheckpointError, check_optimizer_fits, checkpoint_dir,
+                                         is_checkpoint, latest_checkpoint, load_trainer_state)
 from icsd_audit.train.config import TrainConfig
-from icsd_audit.train.run.folder import check_run_folder, held_run, stop_line
+from icsd_audit.train.run.metrics import kept_lines
+from icsd_audit.train.run.folder import RunFolderError, check_run_folder, committed_steps, held_run, stop_line
 
-__all__ = ["Plan", "plan_run", "resume_checkpoint", "check_services", "TrainingStopped", "Progress"]
+__all__ = ["Plan", "plan_run", "resume_checkpoint", "check_services", "TrainingStopped", "Progress",
+           "MAY_CHANGE_ON_RESUME", "check_same_run", "nothing_to_run", "restore_optimizer"]
+
+#: The only config fields a resumed run may set differently from the run it continues (docs/training.md, "What may
+#: change on resume"): none of them changes a number the run trains, dumps or logs. Any other difference is refused.
+MAY_CHANGE_ON_RESUME = {
+    "total_steps": "how many steps to run in all",
+    "out_dir": "where the run folder is (--resume-from into a new --out)",
+    "threads": "CPU threads",
+    "report_to": "experiment trackers",
+    "checkpoint_every": "how often checkpoints are written",
+    "keep_checkpoints": "how many checkpoints are kept",
+    "checkpoint_optimizer": "whether checkpoints hold AdamW's moments",
+    "recompute_activations": "activation checkpointing (same numbers bit for bit)",
+    "spill_optimizer_state": "AdamW's moments kept on disk between steps (same numbers bit for bit)",
+    "resident_reference": "the KL reference kept in memory or reloaded per pass (same numbers)",
+}
+
+
+def check_same_run(cfg: TrainConfig, recorded: Any, *, where: Path) -> None:
+    """Refuse, in one line, a resume whose config differs from the run's (``recorded``, read from ``where``)
+    in any field outside :data:`MAY_CHANGE_ON_RESUME`, naming each field with its old and new value."""
+    if not isinstance(recorded, dict):
+        raise RunFolderError(f"{where}: the run's configuration is {type(recorded).__name__}, not a JSON object")
+    default = TrainConfig().to_dict()  # a field an older version did not record ran with its default
+    now = cfg.to_dict()
+    changed = [f"{k} {recorded.get(k, default[k])!r} -> {v!r}" for k, v in now.items()
+               if k not in MAY_CHANGE_ON_RESUME and recorded.get(k, default[k]) != v]
+    if changed:
+        raise RunFolderError(
+            f"--resume: this command would change what the run in {cfg.out_dir} trains or records: {'; '.join(changed)} "
+            f"(the run's values are in {where}); resume with the run's own settings, or start a new run with another "
+            f"--out; only {', '.join(MAY_CHANGE_ON_RESUME)} may change on resume")
 
 
 def resume_checkpoint(cfg: TrainConfig, resume: str | Path | bool | None) -> Path | None:
@@ -70,7 +104,53 @@ def plan_run(cfg: TrainConfig, *, resume: str | Path | bool | None, overwrite: b
     if ckpt is not None and checkpoint_dir(out).resolve() != ckpt.resolve().parent:
         check_not_input(out, {"checkpoint": str(ckpt)}, option="--out")
     state = load_trainer_state(ckpt) if ckpt is not None else None
-    return Plan(out, resuming, ckpt, state, int(state["next_step"]) if state else 0)
+    if state is not None:
+        check_same_run(cfg, state["config"], where=ckpt / STATE_FILE)
+    elif resuming and held_run(out):
+        _check_unsaved_run(cfg, out)
+    start = int(state["next_step"]) if state else 0
+    for log in ("metrics.jsonl", "eval.jsonl"):  # read now: a resume that cannot keep them changes nothing
+        if (out / log).is_file():
+            kept_lines(out / log, start)
+    return Plan(out, resuming, ckpt, state, start)
+
+
+def _check_unsaved_run(cfg: TrainConfig, out: Path) -> None:
+    """``--resume`` where the run has no checkpoint: refused when steps are complete (a resume would redo them
+    from step 0, losing them); allowed when none is (nothing is lost), as the run recorded in config.json."""
+    from icsd_audit.train.weightfiles import read_json
+
+    done = sorted(set(committed_steps(out / "dumps")) | set(_logged_steps(out / "metrics.jsonl")))
+    if done:
+        raise RunFolderError(
+            f"--resume: {out} holds {len(done)} completed step(s) ({done[0]}..{done[-1]}) but no checkpoint, so "
+            "they cannot be continued and a resume would redo them from step 0; keep them and start again with "
+            f"--overwrite (it moves them to {out.name}.old-<date>), or set checkpoint_every so a run can be resumed")
+    if (out / "config.json").exists():
+        check_same_run(cfg, read_json(out / "config.json", what="run configuration"), where=out / "config.json")
+
+
+def _logged_steps(path: Path) -> list[int]:
+    if not path.is_file():
+        return []
+    return [json.loads(line)["step"] for line in kept_lines(path, 2**62)]
+
+
+def nothing_to_run(plan: Plan, total_steps: int) -> str:
+    """The line of a resume whose checkpoint is at or past ``total_steps``: it runs and writes nothing."""
+    return (f"--resume: steps 0..{plan.start - 1} in {plan.out} are complete; nothing to run (--steps {total_steps}) "
+            "and nothing changed: pass a larger --steps to continue")
+
+
+def restore_optimizer(optimizer: Any, state: dict[str, Any], where: Path | None) -> None:
+    """Load a checkpoint's AdamW state, refused in one line when it does not fit the parameters being trained."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    check_optimizer_fits(state, params, where or "the checkpoint")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: its optimizer state does not fit this model "
+                              f"({' '.join(str(exc).split())[:160]})") from None
 
 
 def check_services(cfg: TrainConfig) -> None:
@@ -94,9 +174,10 @@ class TrainingStopped(Stopped):
         super().__init__(signum)
         self.args = (self.line(),)
 
-    def line(self, resume_command: str | None = None) -> str:
+    def line(self, resume_command: str | None = None, fresh_command: str | None = None) -> str:
         return stop_line(self.signal_name, out=self.out, started=self.started, step=self.step, first=self.first,
-                         done=self.done, checkpoint=self.checkpoint, resume_command=resume_command)
+                         done=self.done, checkpoint=self.checkpoint, resume_command=resume_command,
+                         fresh_command=fresh_command)
 
 
 @dataclass
