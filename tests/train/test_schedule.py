@@ -114,3 +114,24 @@ def test_the_trainer_logs_and_uses_the_warmup(tmp_path):
     res = train(cfg)
     lrs = [json.loads(line)["actor/lr"] for line in res.metrics_path.read_text().splitlines()]
     assert lrs == [0.0, 0.0005, 0.001]
+
+
+@pytest.mark.engines
+def test_the_trl_engine_runs_the_same_schedule(tmp_path):
+    """--engine trl with ratio 0.7 over 3 steps: TRL's logged rate is 0, lr / 2, lr as in the built-in loop."""
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    sets = ["n_tasks=2", "group_size=2", "max_turns=2", "max_response_tokens=8", "max_prompt_tokens=3000",
+            "one_shot=false", "lr_warmup_steps_ratio=0.7", "total_steps=3"]
+    r = subprocess.run([sys.executable, "-m", "icsd_audit.cli", "train", "--engine", "trl", "--preset", "cpu-demo",
+                        "--model", "tiny-random", "--adv", "grpo", "--steps", "3", "--out", str(run),
+                        *[a for s in sets for a in ("--set", s)]],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "ICSD_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    lr = preset("cpu-demo").lr
+    got = [json.loads(x)["trl/learning_rate"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert got == pytest.approx([0.0, lr / 2, lr], abs=1e-15)

@@ -13,8 +13,9 @@ Presets:
   SmolLM2-135M; pass ``model=`` (a local Qwen2.5-Instruct folder) to match the paper.
 * ``paper-searchqa`` / ``cpu-demo-searchqa``: the same for Search-QA (Table A1's Search-QA
   column: 128 x 8 rollouts, 4 turns, actor mini-batch 256 prompts, KL 0.001, 200 updates,
-  512 held-out questions; reward = exact match); ``--env searchqa --preset paper`` picks
-  them (:func:`preset_for`).
+  512 held-out questions; reward = exact match; as SDAR's search scripts: invalid penalty
+  0.01, learning-rate warm-up ratio 0.1, greedy validation); ``--env searchqa --preset paper``
+  picks them (:func:`preset_for`).
 * ``cpu-demo``: the embedded SmolLM2-135M on CPU, 2 tasks x 4 rollouts, 2 turns,
   48-token replies, 2 steps of four 4-row actor mini-batches (8 optimizer updates),
   gradient sketches with k = 32 in the dumps;
@@ -298,7 +299,7 @@ class TrainConfig:
     retrieval_topk: int = 3
     """Search-QA: passages returned per search (Search-R1: 3)."""
     searchqa_expert: str = "gold"
-    """Search-QA's expert (policy='expert'): 'gold' (the oracle search chain, then the gold answer whatever retrieval returned: EM 1, it proves the referee) or 'retrieval' (says only what it read: each query is the next oracle hop's entity once a retrieved passage or the question names it, else the question; the answer a gold answer only where a retrieved passage holds it, else the top passage's title: its EM is the share of questions whose answer the retriever surfaced within the turn budget)."""
+    """Search-QA's expert (policy='expert'): 'gold' (the oracle search chain, then the gold answer whatever retrieval returned: EM 1, it proves the referee) or 'retrieval' (says only what it read: each query is the next oracle hop's entity once a retrieved passage or the question names it, else the question; the answer a gold answer only once the question's whole chain was retrieved and a passage holds it, else the last search's top passage title: its EM is the share of questions whose evidence the retriever surfaced within the turn budget, plus lucky guesses; docs/envs.md, "Experts")."""
     searchqa_protocol: str = "search-r1"
     """Search-QA: 'search-r1' (Search-R1's rollout: one growing context per episode, its prompt, its reply rule) or 'verl-agent' (verl-agent's search environment, as SDAR's scripts run it: the prompt rebuilt each turn with the last history_window steps, search_projection's reply rule). Both end at max_turns with a final-answer turn."""
 
