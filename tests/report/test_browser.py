@@ -79,8 +79,11 @@ def test_compare_page_in_a_browser(browser: str, tmp_path: Path) -> None:
                 {"step": s, "rollout/success": 0.1 * seed + 0.05 * s + (0.1 if lab == "icsd" else 0.0),
                  "rollout/invalid_rate": 0.3 - 0.02 * s, "alloc/tcm": 0.5 - 0.01 * s,
                  "alloc/share/pos_delta_neg_adv": 0.3} for s in range(6)], allocator=lab, seed=seed)
+    # a long name in the "Left out" list must wrap, not widen the page
+    stray = tmp_path / ("notes-" + "x" * 160 + ".md")
+    stray.write_text("not a run\n")
     out = tmp_path / "cmp"
-    res = subprocess.run([sys.executable, "-m", "icsd_audit.cli", "compare", str(tmp_path / "runs"), "--metric",
+    res = subprocess.run([sys.executable, "-m", "icsd_audit.cli", "compare", str(tmp_path / "runs"), str(stray), "--metric",
                           "rollout/success", "--curves", "rollout/invalid_rate", "--resamples", "200", "--out", str(out)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -93,3 +96,4 @@ def test_compare_page_in_a_browser(browser: str, tmp_path: Path) -> None:
     text = page.read_text()
     assert "<strong>Learning curve of rollout/invalid_rate.</strong> Per training step" in text
     assert "(curves" not in text and "(mechanism" not in text
+    assert stray.name in text  # the page does list it
