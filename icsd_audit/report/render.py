@@ -289,8 +289,9 @@ h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { font-size: 1.2rem; margin-t
 .headline { font-size: 1.05rem; }
 .warn { background: #fff4d6; border-left: 4px solid #E69F00; padding: .5rem .8rem; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; display: block; }
-figcaption { font-size: .88rem; color: #444; margin-top: .3rem; }
-table { border-collapse: collapse; font-size: .86rem; margin: .5rem 0 1rem; }
+figcaption { font-size: .88rem; color: #444; margin-top: .3rem; overflow-wrap: anywhere; }
+.table-wrap { max-width: 100%; overflow-x: auto; margin: .5rem 0 1rem; }
+table { border-collapse: collapse; font-size: .86rem; }
 th, td { border-bottom: 1px solid #e3e3e3; padding: .25rem .6rem; text-align: left; vertical-align: top; }
 th { background: #f5f5f5; white-space: nowrap; } td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.text { overflow-wrap: anywhere; }
@@ -307,7 +308,9 @@ def _html_table(t_title: str, headers: Sequence[str], rows: Sequence[Sequence[st
     head = "".join(f"<th scope=\"col\">{e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td class=\"{cls}\">{e(str(c))}</td>" if i else f"<td>{e(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    out = f"<table><caption>{e(t_title)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    # a narrow window scrolls the table inside its box instead of widening the whole page
+    out = (f"<div class=\"table-wrap\"><table><caption>{e(t_title)}</caption><thead><tr>{head}</tr></thead>"
+           f"<tbody>{body}</tbody></table></div>")
     return out + (f"<p class=\"note\">{e(note)}</p>" if note else "")
 
 
@@ -343,7 +346,7 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
         if section in figures:
             data = base64.b64encode(figures[section]).decode("ascii")
             body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{e(title)} figure\">"
-                        f"<figcaption>{e(CAPTIONS[section])}</figcaption></figure>")
+                        f"<figcaption><strong>{e(title)}.</strong> {e(CAPTIONS[section])}</figcaption></figure>")
         body += [_html_table(t.title, t.headers, t.rows, t.note) for t in sec_tables]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
