@@ -46,6 +46,7 @@ import dataclasses
 import inspect
 import json
 import math
+import re
 import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -76,8 +77,11 @@ class _Unchecked:
 
 def _config_names(problem: str, names: dict[str, str]) -> str:
     """An allocator-settings problem with the config's field names (``eps`` -> ``alloc_eps``)."""
-    if problem.startswith("unknown allocator"):
-        return problem.replace("; valid: ", "; valid: none (no distillation), ", 1)
+    m = re.match(r"unknown (allocator|trust) '(.*)'; valid: (.*)$", problem)
+    if m:  # the config's field = value first, as every other problem reads
+        kind, value, valid = m.groups()
+        extra = "none (no distillation), " if kind == "allocator" else ""
+        return f"{kind}={value!r}: choose one of {extra}{valid}"
     head, sep, rest = problem.partition(" ")
     return f"{names.get(head, head)}{sep}{rest}"
 
