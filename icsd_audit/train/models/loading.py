@@ -394,7 +394,7 @@ def load_model(
             )
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"{folder} has no config.json; point to the folder that holds the model's files")
-        from icsd_audit.train.weightfiles import WeightFileError, check_folder
+        from icsd_audit.train.models.weightfiles import WeightFileError, check_folder
 
         try:
             check_folder(folder)
