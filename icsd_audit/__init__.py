@@ -17,7 +17,7 @@ Where things live (each a subpackage):
 - ``report`` -- the audit report, its renderers and the paper's figures;
 - ``train`` and ``envs`` -- the training loop, models, and the text environments.
 
-The core maths (``alloc``, ``stats`` but ``stats.run``, ``grads.compat``, ``tokens``)
+The core maths (``alloc``, ``stats`` but ``stats.run`` and ``stats.strata_run``, ``grads.compat``, ``tokens``)
 imports only torch, numpy and scipy; I/O, plotting, training and the CLI sit on top.
 Names below are imported on first use, so ``import icsd_audit`` stays cheap and pulls
 in no I/O or plotting package.

@@ -9,10 +9,13 @@ and the landscape, with action-turn bootstrap intervals.
   engine (:mod:`~icsd_audit.stats.blas` pins BLAS threads);
 - :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
 - :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
+- :mod:`~icsd_audit.stats.strata` -- token strata by a per-token covariate (SPEC 11), results
+  in :mod:`~icsd_audit.stats.strata_results`;
 - :mod:`~icsd_audit.stats.run` -- streaming dumps through the allocator into the accumulators
-  (the I/O side: the only module here that reads files).
+  and :mod:`~icsd_audit.stats.strata_run` the same for the strata (the I/O side: the only
+  modules here that read files).
 
-Everything but ``run`` imports only numpy (and scipy).
+Everything but ``run`` and ``strata_run`` imports only numpy (and scipy).
 """
 
 from icsd_audit.stats.api import *  # noqa: F401,F403
