@@ -13,12 +13,13 @@ from typing import Any, Mapping
 from icsd_audit.alloc.options import AllocatorOptions
 from icsd_audit.grads.cosines import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
+from icsd_audit.stats.strata_results import StrataResult
 
 __all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
            "report_owns", "figures_own"]
 
 #: figure file stems, in the order the report shows them
-FIGURE_NAMES = ("quadrants", "landscape", "shift", "alignment", "dynamics")
+FIGURE_NAMES = ("quadrants", "landscape", "shift", "strata", "alignment", "dynamics")
 FIGURE_FORMATS = ("png", "pdf", "svg")
 REPORT_FILES = ("summary.json", "summary.md", "report.html")
 REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
@@ -121,8 +122,10 @@ class AuditReport:
     """Everything the report shows: result objects of the statistics plus provenance.
 
     ``omitted`` maps each section the data cannot support (``alignment``,
-    ``dynamics``) to the reason, which the report prints in the
+    ``dynamics``, ``strata``) to the reason, which the report prints in the
     section's place: a report is never refused for want of one section.
+    ``strata``: the token strata by entropy (else log-prob), K = 10 bins then the top 20 %
+    (the forking tokens), empty when omitted.
     """
 
     stats: AuditResults
@@ -132,6 +135,7 @@ class AuditReport:
     provenance: Mapping[str, Any]
     options: ReportOptions = field(default_factory=ReportOptions)
     omitted: Mapping[str, str] = field(default_factory=dict)
+    strata: tuple[StrataResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,5 +146,6 @@ class AuditReport:
             "landscape": self.landscape.to_dict(),
             "dynamics": None if self.dynamics is None else self.dynamics.to_dict(),
             "gradcos": None if self.gradcos is None else self.gradcos.to_dict(),
+            "strata": [r.to_dict() for r in self.strata],
             "omitted": dict(self.omitted),
         }
