@@ -160,3 +160,14 @@ def test_bad_options_are_one_line() -> None:
                        (("--by", "logp", "--top", "1.5"), "--top"), (("--by", "logp", "--bins", "0"), "--bins")):
         res = cli("audit", "strata", str(DUMPS), *args)
         assert res.returncode == 2 and want in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_negative_entropy_is_refused_by_the_reader(tmp_path: Path) -> None:
+    files = sorted(DUMPS.rglob("*.parquet"))
+    n = pq.read_metadata(files[0]).num_rows
+    h = np.linspace(0.0, 3.0, n)
+    h[5] = -0.25
+    f = _with_entropy(files[0], tmp_path / "a.parquet", h)
+    res = cli("audit", "strata", str(f), "--by", "entropy", "--resamples", "20")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {f}: column 'entropy', row 5: negative value (an entropy)"
