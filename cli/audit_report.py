@@ -16,7 +16,7 @@ from .apps import audit_app
 def _common(
     paths: List[Path], base: Optional[str], compare: Optional[str], trust: Optional[str], trust_beta: Optional[float],
     trust_eta: Optional[float], influence_eta: Optional[float], min_group: Optional[int], eps: Optional[float],
-    seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int,
+    seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int, strata_bins: int = 10,
 ) -> Any:
     """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
     from icsd_audit.report.results import ReportOptions
@@ -24,7 +24,8 @@ def _common(
     s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, trust=trust, trust_beta=trust_beta,
                        trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
     return ReportOptions.deployed(*s.pair(base, compare), seed=0 if seed is None else seed, n_resamples=resamples,
-                                  confidence_level=confidence, grid=grid, permutations=permutations)
+                                  confidence_level=confidence, grid=grid, permutations=permutations,
+                                  strata_bins=strata_bins)
 
 
 @audit_app.command("figures")
@@ -39,6 +40,9 @@ def figures(
     influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
     eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
+    strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
+                                    help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
+                                         "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
     compatibility with a `grad` column; training dynamics with several steps).
@@ -54,7 +58,8 @@ def figures(
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
     report = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
-                                        eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
+                                        eps, seed, resamples, confidence, grid, permutations, strata_bins),
+                         workers=thread_count())
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
                            + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
@@ -70,6 +75,9 @@ def report(
     influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
     eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
+    strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
+                                    help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
+                                         "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
     self-contained report.html (figures embedded, provenance from the dump
@@ -83,7 +91,8 @@ def report(
     check_output_dir(out, paths, report_owns)
     set_threads()
     rep = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
-                                     eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
+                                     eps, seed, resamples, confidence, grid, permutations, strata_bins),
+                      workers=thread_count())
     written = write_report(rep, out)
     from icsd_audit.report.render import terminal_lines
 

@@ -121,7 +121,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
                   compare_name=opts.compare)
     steps: set[Any] = set()  # two or more values iff the valid tokens span two or more steps
     ranks = landscape_ranks(reader, opts.grid, steps=steps if "step" in names else None)
-    strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare)
+    strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare, bins=opts.strata_bins)
     _release_freed_memory()
     pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
     # the per-step curve needs two steps: one-step dumps skip its accumulator (a fifth of the stream's time)

@@ -72,6 +72,8 @@ class ReportOptions:
     dual_clip: float = 3.0
     permutations: int = 20
     jackknife_blocks: int = 8
+    #: quantile bins of the token-strata section (SPEC 11; its top-20 % split comes with it); 0 omits the section
+    strata_bins: int = 10
 
     def __post_init__(self) -> None:
         # fail before streaming gigabytes, not at the bootstrap after it
@@ -91,6 +93,8 @@ class ReportOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.permutations < 0:
             raise ValueError(f"permutations must be >= 0, got {self.permutations}")
+        if isinstance(self.strata_bins, bool) or not isinstance(self.strata_bins, int) or self.strata_bins < 0:
+            raise ValueError(f"strata_bins must be an integer >= 0, got {self.strata_bins!r}")
         if not self.eps > 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
         from icsd_audit.stats.budget import LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid

@@ -2,8 +2,9 @@
 
 The report shows the strata by the student's next-token entropy where every input file
 has that column, else by the token's log-probability, else omits the section with the
-reason.  Two statistics: the covariate's 10 quantile bins (SPEC 11's default, the same
-statistic as ``icsd audit strata DUMPS --by COVARIATE``) and the split at the top 20 %
+reason.  Two statistics: the covariate's K quantile bins (``ReportOptions.strata_bins``,
+default SPEC 11's 10: the same statistic as ``icsd audit strata DUMPS --by COVARIATE``;
+0 omits the section) and the split at the top 20 %
 (the "forking tokens", ``--top 0.2``).  Their accumulators are fed from the report's one
 stream and bootstrapped with every other statistic, each on its own columns, so each
 interval is the one ``icsd audit strata`` prints (SPEC 7).
@@ -41,13 +42,13 @@ def choose_covariate(reader: DumpReader) -> tuple[str | None, str | None]:
 class ReportStrata:
     """The strata accumulators of one report: K = 10 bins and the top 20 %, or none with a reason."""
 
-    def __init__(self, reader: DumpReader, *, eps: float, base_name: str, compare_name: str):
-        self.covariate, self.reason = choose_covariate(reader)
+    def __init__(self, reader: DumpReader, *, eps: float, base_name: str, compare_name: str, bins: int = 10):
+        self.covariate, self.reason = choose_covariate(reader) if bins else (None, "not asked for (--strata-bins 0)")
         self.accs: list[StrataAccumulator] = []
         if self.covariate is None:
             return
         x = covariate_sample(reader, self.covariate)
-        for spec in (StrataSpec(self.covariate), StrataSpec(self.covariate, top=FORKING_TOP)):
+        for spec in (StrataSpec(self.covariate, bins=bins), StrataSpec(self.covariate, top=FORKING_TOP)):
             self.accs.append(StrataAccumulator(spec=spec, edges=strata_edges(x, spec), eps=eps, base_name=base_name,
                                                compare_name=compare_name))
         del x

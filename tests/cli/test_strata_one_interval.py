@@ -51,3 +51,18 @@ def test_the_report_s_forking_line_quotes_the_top_bin(report: dict, tmp_path: Pa
     b = top["share"]["base"]
     line = next(x for x in res.stderr.splitlines() if x.strip().startswith("top 20 % by log-probability"))
     assert f"SDAR {100 * b['estimate']:.1f} [{100 * b['ci_low']:.1f}, {100 * b['ci_high']:.1f}] %" in line
+
+
+def test_strata_bins_of_the_report(tmp_path: Path) -> None:
+    """``--strata-bins K`` is the command's ``--bins K``; 0 leaves the section out, with the reason."""
+    out = tmp_path / "rep"
+    res = cli("audit", "report", str(DUMPS), "--out", str(out), "--resamples", "300", "--strata-bins", "4")
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((out / "summary.json").read_text())
+    res = cli("audit", "strata", str(DUMPS), "--by", "logp", "--bins", "4", "--json", "--resamples", "300")
+    assert json.loads(res.stdout)["bins"] == rep["strata"][0]["bins"]
+    res = cli("audit", "report", str(DUMPS), "--out", str(out), "--resamples", "50", "--strata-bins", "0")
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((out / "summary.json").read_text())
+    assert rep["strata"] == [] and rep["omitted"] == {"strata": "not asked for (--strata-bins 0)"}
+    assert "*Not shown: not asked for (--strata-bins 0).*" in (out / "summary.md").read_text()
