@@ -37,9 +37,11 @@ def forking_line(res: Any) -> str:
     top = res.bins[-1]
     bn, cn = display_name(res.base_name), display_name(res.compare_name)
     level = f"{100 * res.confidence_level:g} % CI"
-    tcm = (f"trusted-conflict mass there {bn} {_fmt(top.tcm.base, digits=1)} %, {cn} {_fmt(top.tcm.compare, digits=1)} %"
+    tcm = (f"trusted-conflict mass there {bn} {_fmt(top.tcm.base, digits=1)} %, "
+           f"{cn} {_fmt(top.tcm.compare, digits=1)} %"
            if top.tcm_undefined is None else f"trusted-conflict mass there n/a ({top.tcm_undefined})")
-    return (f"{_top_words(res)} ({top.n_tokens:,} tokens = {_fmt(top.token_share, digits=1)} %): share of the mass {bn} "
+    return (f"{_top_words(res)} ({top.n_tokens:,} tokens = {_fmt(top.token_share, digits=1)} %): "
+            f"share of the mass {bn} "
             f"{_fmt(top.share.base, digits=1)} %, {cn} {_fmt(top.share.compare, digits=1)} %, difference "
             f"{_fmt(top.share.diff, digits=1, signed=True)} pp; {tcm} ({level}).")
 

@@ -170,7 +170,10 @@ class StrataAccumulator:
         size = cidx.n * nb
         wb64, wc64 = wb.astype(np.float64), wc.astype(np.float64)
         # SPEC 6's TCM sets, as AuditAccumulator computes them (u in float64 unless given)
-        u64 = u.astype(np.float64) if u is not None else adv.astype(np.float64) * ratio.astype(np.float64) * delta.astype(np.float64)
+        if u is not None:
+            u64 = u.astype(np.float64)
+        else:
+            u64 = adv.astype(np.float64) * ratio.astype(np.float64) * delta.astype(np.float64)
         dpos = delta > 0
         act = dpos & (np.abs(u64) > self.eps)
         neg = act & (u64 < 0)
@@ -245,7 +248,8 @@ class StrataAccumulator:
             tok = r("token_share")
             share = PairedResult(r("share:base"), r("share:compare"), r("share:diff"))
             tcm = PairedResult(r("tcm:base"), r("tcm:compare"), r("tcm:diff"))
-            inten = [_quotient(raw, f"{stem}:{b}:share:{side}", f"{stem}:{b}:token_share") for side in ("base", "compare")]
+            inten = [_quotient(raw, f"{stem}:{b}:share:{side}", f"{stem}:{b}:token_share")
+                     for side in ("base", "compare")]
             defined = c["active"][b] > 0 and np.isfinite(tcm.base.estimate) and np.isfinite(tcm.compare.estimate)
             why = None if defined else tcm_undefined_reason(
                 n_tokens=int(c["n"][b]), n_active=int(c["active"][b]), n_supported=int(c["supported"][b]),

@@ -17,7 +17,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from icsd_audit.report.figures.style import BASE_COLOR, COMPARE_COLOR, TEXT_WIDTH, display_name, paper_style, resolve_axes
+from icsd_audit.report.figures.style import (
+    BASE_COLOR, COMPARE_COLOR, TEXT_WIDTH, display_name, paper_style, resolve_axes,
+)
 
 __all__ = ["strata_figure", "covariate_label"]
 
@@ -65,7 +67,8 @@ def strata_figure(result: Any, axes: Any = None, *, title: str | None = None) ->
         _whiskers(left, x + off, [b.share.compare for b in bins], COMPARE_COLOR, "share-compare", fmt="s", label=cn)
         _whiskers(right, x - off, [b.tcm.base for b in bins], BASE_COLOR, "tcm-base", fmt="o", label=bn)
         _whiskers(right, x + off, [b.tcm.compare for b in bins], COMPARE_COLOR, "tcm-compare", fmt="s", label=cn)
-        labels = [str(b.index) for b in bins] if result.spec.top is None else ["rest", f"top {100 * result.spec.top:g} %"]
+        top = result.spec.top
+        labels = [str(b.index) for b in bins] if top is None else ["rest", f"top {100 * top:g} %"]
         for axis, ylabel in ((left, "share of all mass (%)"), (right, "trusted-conflict mass (%)")):
             axis.set_xticks(x, labels)
             axis.set_xlim(-0.6, len(bins) - 0.4)
