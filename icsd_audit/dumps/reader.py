@@ -54,7 +54,10 @@ _STAGED_STEP = re.compile(r"\.(?P<name>.+)\.icsd-step-.*")
 _RANK_TAG = re.compile(r".*-(?P<rank>r\d{5})\.parquet")
 #: optional float columns that become token columns whenever a file has them (SPEC 1)
 _OPTIONAL_FLOATS = ("score_norm",)
-_REQUIRED_BY = {"score_norm": "the 'fisher' allocator (SPEC 5: m = Phi_G(|A rho| score_norm))"}
+#: optional float columns checked (float type; finite and >= 0 where read) whenever a file has them
+_NONNEGATIVE_FLOATS = {"score_norm": "a norm", "entropy": "an entropy"}
+_REQUIRED_BY = {"score_norm": "the 'fisher' allocator (SPEC 5: m = Phi_G(|A rho| score_norm))",
+                "entropy": "--by entropy (SPEC 11: the student's next-token entropy)"}
 
 
 class DumpError(ValueError):
@@ -240,8 +243,9 @@ def _check_types(path: Path, schema: pa.Schema, require: Sequence[str] = ()) -> 
         if col not in names:
             raise DumpError(path, f"column missing; {_REQUIRED_BY.get(col, 'the requested computation')} needs it",
                             column=col)
-    if "score_norm" in names and not pa.types.is_floating(schema.field("score_norm").type):
-        raise DumpError(path, f"expected float16/32/64, got {schema.field('score_norm').type}", column="score_norm")
+    for col in _NONNEGATIVE_FLOATS:
+        if col in names and not pa.types.is_floating(schema.field(col).type):
+            raise DumpError(path, f"expected float16/32/64, got {schema.field(col).type}", column=col)
     for col in _INT_COLS + ("pos",):
         if col in names and not pa.types.is_integer(schema.field(col).type):
             raise DumpError(path, f"expected an integer type, got {schema.field(col).type}", column=col)
@@ -574,8 +578,8 @@ def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
         if table.column(col).null_count:
             row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
             raise DumpError(path, "null value", column=col, row=file_offset + row)
-    for col in _FLOAT_COLS + tuple(c for c in _OPTIONAL_FLOATS if c in table.column_names):
-        if col in _OPTIONAL_FLOATS and table.column(col).null_count:
+    for col in _FLOAT_COLS + tuple(c for c in _NONNEGATIVE_FLOATS if c in table.column_names):
+        if col in _NONNEGATIVE_FLOATS and table.column(col).null_count:
             row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
             raise DumpError(path, "null value", column=col, row=file_offset + row)
         values = table.column(col).to_numpy()
@@ -587,9 +591,9 @@ def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
             row = int(np.flatnonzero(~(values > 0))[0])
             raise DumpError(path, f"ratio {values[row]:g} is not > 0 (a ratio of two probabilities of a sampled "
                                   "token)", column=col, row=file_offset + row)
-        if col in _OPTIONAL_FLOATS and (values < 0).any():
+        if col in _NONNEGATIVE_FLOATS and (values < 0).any():
             row = int(np.flatnonzero(values < 0)[0])
-            raise DumpError(path, "negative value (a norm)", column=col, row=file_offset + row)
+            raise DumpError(path, f"negative value ({_NONNEGATIVE_FLOATS[col]})", column=col, row=file_offset + row)
 
 
 def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:

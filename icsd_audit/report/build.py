@@ -31,6 +31,7 @@ from icsd_audit.alloc.options import required_columns, weighted_batches
 from icsd_audit.audit.gradcos import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
+from icsd_audit.report.strata import STRATA_COLUMNS, ReportStrata
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 from icsd_audit.stats.budget import check_resources
 from icsd_audit.audit.threads import single_threaded_maths
@@ -113,13 +114,16 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     # optional columns are read where a file has them; absent ones are never loaded
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
-    reader = DumpReader(paths, columns=["step", "env", *sketch_cols], require=required_columns(opts.base, opts.compare))
+    strata_cols = [c for c in STRATA_COLUMNS if c in names]
+    reader = DumpReader(paths, columns=["step", "env", *strata_cols, *sketch_cols],
+                        require=required_columns(opts.base, opts.compare))
     check_resources(reader, workers=workers, landscape=True, permutations=opts.permutations if sketch_cols else None,
                     n_resamples=opts.n_resamples)
     acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                   compare_name=opts.compare)
     steps: set[Any] = set()  # two or more values iff the valid tokens span two or more steps
     ranks = landscape_ranks(reader, opts.grid, steps=steps if "step" in names else None)
+    strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare, bins=opts.strata_bins)
     _release_freed_memory()
     pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
     # the per-step curve needs two steps: one-step dumps skip its accumulator (a fifth of the stream's time)
@@ -128,10 +132,11 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
     cos_rows = CosineRows(with_perm=with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
     n_tokens = n_batches = 0
-    for batch, weights, _ in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare),
+    for batch, weights, u in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare),
                                               workers=workers):
         tokens = batch.tokens
         pooled.add(tokens, weights)
+        strata.add(reader, batch, weights, u)
         if per_step is not None:
             per_step.add(tokens, weights, group=_column(batch, reader, "step"))
         land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
@@ -144,6 +149,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         n_tokens += int(tokens.valid.sum())
         n_batches += 1
     omitted = _omitted(sketch_cols, cos_rows, "step" in names, steps)
+    if strata.reason is not None:
+        omitted["strata"] = strata.reason
     _release_freed_memory()  # the stream's freed batch temporaries, before the per-turn matrices are built
     # one bootstrap for all: the same intervals as each statistic's own command
     parts = [pooled.families()]
@@ -153,10 +160,12 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     grids = land.grids()
     parts.append(land.families())
     fams = [f for part in parts for _, f in part]
+    n_land = len(fams)  # the landscape's family last before the strata's: its replicates are kept
+    fams += strata.families()  # (their replicates give the intensities' intervals)
     _release_freed_memory()
     raws = bootstrap_ratio_families(fams, n_resamples=opts.n_resamples, confidence_level=opts.confidence_level,
                                     rng=opts.seed, workers=workers,
-                                    keep_replicates=[i == len(fams) - 1 for i in range(len(fams))])
+                                    keep_replicates=[i >= n_land - 1 for i in range(len(fams))])
     stats = pooled.results(raws[: len(parts[0])])
     dynamics = per_step.results(raws[len(parts[0]) : len(parts[0]) + len(parts[1])]).tcm if dyn else None
     if dynamics is not None and all(r.undefined for r in dynamics.results):  # no curve to draw: say why instead
@@ -165,7 +174,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         dynamics = None
     return AuditReport(
         stats=stats,
-        landscape=land.result(grids, raws[-1]),
+        landscape=land.result(grids, raws[n_land - 1]),
         dynamics=dynamics,
         gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
                                    n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
@@ -174,6 +183,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         provenance=provenance(reader, opts, n_tokens, n_batches),
         options=opts,
         omitted=omitted,
+        strata=strata.results(raws[n_land:]),
     )
 
 
@@ -232,6 +242,8 @@ def make_figures(report: AuditReport, *, include_neutral: bool = True) -> dict[s
         out["alignment"] = F.alignment_figure(report.gradcos)
     if report.dynamics is not None:
         out["dynamics"] = F.dynamics_figure(report.dynamics, show_diff=True)
+    if report.strata:
+        out["strata"] = F.strata_figure(report.strata[0])
     return out
 
 

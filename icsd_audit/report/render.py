@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
+from icsd_audit.report.strata_tables import forking_line, strata_tables
 
 __all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "md_text",
            "html_table", "page_css", "terminal_lines"]
@@ -36,12 +37,15 @@ CAPTIONS: dict[str, str] = {
     "alignment": "Cosine between the RL gradient and the distillation direction per batch, base \u2192 compare and "
                  "base \u2192 permuted compare multipliers; diamonds are means with batch-bootstrap intervals; the "
                  "bottom panel gives the gain, the permutation gain and the pairing-specific gain.",
+    "strata": "Token strata (SPEC 11): per quantile bin of the covariate, left each allocation's share of all mass "
+              "(grey ticks: the bin's share of tokens), right the bin's trusted-conflict mass; whiskers are "
+              "action-turn bootstrap intervals with the edges fixed.",
     "dynamics": "Trusted-conflict mass (share of trusted mass on negative-advantage tokens) per training step: pale "
                 "lines per step, dark lines centred five-step means; below, the paired difference with its "
                 "per-step bootstrap band.",
 }
 _TITLES = {"quadrants": "Sign regions", "landscape": "Allocation landscape", "shift": "Conditional share shift",
-           "alignment": "Gradient compatibility", "dynamics": "Training dynamics"}
+           "alignment": "Gradient compatibility", "dynamics": "Training dynamics", "strata": "Token strata"}
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ def report_tables(report: AuditReport) -> list[Table]:
                           f"{cn} |\u0394| mass"), rows,
                          f"Dual-clip cap ({c.dual_clip:g}) binds on {c.dual_clip_cap_count:,} tokens; "
                          f"ratio mean {c.ratio_mean:.4f}, sd {c.ratio_std:.4f}."))
+    out += [Table(*t) for t in strata_tables(report)]
     g = report.gradcos
     if g is not None:
         rows = [(f"mean cos, {bn}", _ci(g.mean_base, 3, 1.0)), (f"mean cos, {cn}", _ci(g.mean_compare, 3, 1.0)),
@@ -264,7 +269,7 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
         parts += [f"> **Synthetic or unlabelled data** ({_synthetic_words(report)}): "
                   "these numbers describe the generator, not a training run.", ""]
     parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
-    for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
+    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
             if section in report.omitted:
@@ -334,7 +339,7 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
                     f"({e(_synthetic_words(report))}): these numbers describe the generator, not a training run.</p>")
     body += ["<h2>Provenance</h2>", _html_table("Data and settings", ("field", "value"), _provenance_rows(report),
                                                             numeric=False)]
-    for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
+    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
             if section in report.omitted:
@@ -374,6 +379,8 @@ def terminal_lines(report: AuditReport, out: Any) -> list[str]:
     if g is not None:
         lines.append(f"  cosine with the RL gradient: {bn} {_ci(g.mean_base, 3, 1.0)} -> {cn} {_ci(g.mean_compare, 3, 1.0)}, "
                      f"gain {_signed(g.gain, 3, 1.0)} over {len(g.batch_ids)} batches ({level})")
+    if len(report.strata) > 1:
+        lines.append("  " + forking_line(report.strata[1]))
     if report.omitted:
         lines.append(f"  not shown (why: summary.md): {', '.join(report.omitted)}")
     return lines
