@@ -8,7 +8,7 @@ SDAR-vs-X comparison allocate once per batch.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
@@ -17,7 +17,8 @@ from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BE
                                        check_settings, get_allocator)
 from icsd_audit.tokens import Tokens, Weights
 
-__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "weighted_batches", "required_columns"]
+__all__ = ["AllocatorOptions", "RUN_FIELDS", "run_allocator_settings", "allocate_batch", "weight_pair", "weighted_batches",
+           "required_columns"]
 
 B = TypeVar("B")
 
@@ -42,6 +43,21 @@ class AllocatorOptions:
     def kwargs(self) -> dict[str, Any]:
         return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, trust_eta=self.trust_eta,
                     influence_eta=self.influence_eta, min_group=self.min_group, eps=self.eps, seed=self.seed)
+
+
+#: The run config's (``icsd train``'s ``TrainConfig``) field of each :class:`AllocatorOptions` field, where the
+#: names differ (``eps`` is a run's ``alloc_eps``, ``seed`` its ``alloc_seed``).
+RUN_FIELDS = {"eps": "alloc_eps", "seed": "alloc_seed"}
+
+
+def run_allocator_settings(cfg: Any) -> dict[str, Any]:
+    """Every allocator setting of a run config, under :class:`AllocatorOptions`' names (SPEC 9's keys).
+
+    The one list every engine takes its settings from (the built-in loop's dumps, TRL's
+    ``ICSDConfig``, the ``+icsd.*`` overrides of the verl command): a setting added to
+    :class:`AllocatorOptions` reaches all of them, or fails here on a config without it.
+    """
+    return {f.name: getattr(cfg, RUN_FIELDS.get(f.name, f.name)) for f in fields(AllocatorOptions)}
 
 
 def required_columns(*allocators: str) -> tuple[str, ...]:

@@ -278,7 +278,11 @@ def mini_batch_ids(n_rows: int, *, mini_batch_rows: int, dp_size: int = 1) -> np
 
 @dataclass(frozen=True)
 class AllocationSettings:
-    """The allocation settings every engine integration takes (SPEC defaults); engines add their own fields."""
+    """The allocation settings every engine integration takes (SPEC defaults); engines add their own fields.
+
+    ``distill_coef`` plus every field of :class:`~icsd_audit.alloc.options.AllocatorOptions`
+    (the settings SPEC 9's ``allocator`` block records; a test keeps the two lists equal).
+    """
 
     #: lambda, the distillation weight (paper: 0.01).
     distill_coef: float = 0.01
@@ -287,18 +291,28 @@ class AllocationSettings:
     #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
     trust: str = "laplace"
     #: slope of the ``sigmoid`` trust (SDAR's ``gate_beta``).
-    trust_beta: float = 5.0
+    trust_beta: float = SIGMOID_BETA
+    #: split parameter of the Laplace trust map (paper: 0.4).
+    trust_eta: float = TRUST_ETA
+    #: split parameter of the calibrated influence map (paper: 0.5).
+    influence_eta: float = INFLUENCE_ETA
     #: minimum calibration-group size before falling back to batch statistics.
-    min_group: int = 8
+    min_group: int = MIN_GROUP
     #: scale floor, degenerate-turn threshold and TCM's |u| threshold.
-    eps: float = 1e-4
+    eps: float = EPS
     #: seed of the ``permuted`` control.
     seed: int = 0
 
+    @classmethod
+    def from_run(cls, cfg: Any, **extra: Any) -> "AllocationSettings":
+        """The settings of an ``icsd train`` run config (lambda as deployed: 0 for allocator ``none``)."""
+        from icsd_audit.alloc.options import run_allocator_settings
+
+        return cls(distill_coef=cfg.effective_distill_coef, **run_allocator_settings(cfg), **extra)
+
     def allocator_kwargs(self) -> dict[str, Any]:
-        """The keywords of :func:`~icsd_audit.alloc.variants.allocate` these settings fix."""
-        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, min_group=self.min_group,
-                    eps=self.eps, seed=self.seed)
+        """The keywords of :func:`~icsd_audit.alloc.variants.allocate` these settings fix (every field but lambda)."""
+        return {f: getattr(self, f) for f in AllocationSettings.__dataclass_fields__ if f != "distill_coef"}
 
     def allocator_block(self, *, alloc_scope: str | None, ratio_source: str | None) -> dict[str, Any]:
         """The SPEC 9 ``allocator`` block an engine writes into each dump shard with these settings.

@@ -50,14 +50,16 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
     :func:`~.verl_env.export_model` puts ``embedded`` / ``tiny-random``) and
     ``agent_loop_config`` verl's agent-loop file (default ``<out_dir>/agent_loops.yaml``).
     """
+    import dataclasses
+
+    from icsd_audit.integrations.core import AllocationSettings
+
     out = Path(cfg.out_dir)
     data = str(data_dir) if data_dir is not None else str(out / "data")
     if model_path is None:
         model_path = str(out / "model") if cfg.model in ("embedded", "tiny-random") else cfg.model
     loops = str(agent_loop_config) if agent_loop_config is not None else str(out / "agent_loops.yaml")
-    # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
-    # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
-    mini = max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
+    mini = _mini_batch_prompts(cfg)
     # the run's estimator: verl's grpo, or gigpo (registered by our plug-in, anchors from icsd_sync)
     if cfg.adv_estimator == "gigpo":
         adv = ["algorithm.adv_estimator=gigpo", f"algorithm.gamma={cfg.gamma}"]
@@ -100,11 +102,47 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
         f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
         f"trainer.experiment_name={out.name}",
-        f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
-        f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
-        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
+        # every allocator setting, from the one list (AllocationSettings: lambda + AllocatorOptions' fields)
+        *(f"+icsd.{k}={v}" for k, v in dataclasses.asdict(AllocationSettings.from_run(cfg)).items()),
+        f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
         f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
+
+
+def _mini_batch_prompts(cfg: Any) -> int:
+    """verl's ``ppo_mini_batch_size`` of the run (in prompts)."""
+    # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
+    # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
+    return max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
+
+
+def check_verl_batches(cfg: Any, *, n_gpus: int, nnodes: int = 1) -> None:
+    """Refuse batch sizes verl cannot split over ``n_gpus * nnodes`` ranks, with the option that fixes them.
+
+    verl's ``validate_config`` needs a step's rows (``data.train_batch_size`` x
+    ``rollout.n``) divisible by the GPU count, and its actor splits each mini-batch's rows
+    (``ppo_mini_batch_size`` x ``rollout.n``) over the data-parallel ranks.
+    """
+    import math
+
+    world = n_gpus * nnodes
+
+    def fits(n_tasks: int) -> bool:
+        mini = _mini_batch_prompts(cfg.replace(n_tasks=n_tasks))
+        return (n_tasks * cfg.group_size) % world == 0 and (mini * cfg.group_size) % world == 0
+
+    if fits(cfg.n_tasks):
+        return
+    rows, mini_rows = cfg.n_tasks * cfg.group_size, _mini_batch_prompts(cfg) * cfg.group_size
+    fix = next(n for n in range(cfg.n_tasks + 1, cfg.n_tasks * world + 2) if fits(n))
+    g = math.gcd(rows, mini_rows)
+    ok = [d for d in range(1, g + 1) if g % d == 0 and d % nnodes == 0]
+    gpus = [str(d // nnodes) for d in ok]
+    alts = ", ".join(gpus[:-1]) + (" or " if len(gpus) > 1 else "") + gpus[-1]
+    what = (f"a step's {rows} rows (n_tasks {cfg.n_tasks} x group_size {cfg.group_size})" if rows % world else
+            f"a mini-batch's {mini_rows} rows ({mini_rows // cfg.group_size} prompts x group_size {cfg.group_size})")
+    raise EngineUnavailable(f"--gpus {n_gpus}: verl splits {what} evenly over {world} GPU(s); set --set n_tasks={fix} "
+                            f"({fix * cfg.group_size} rows), or --gpus {alts}")
 
 
 def _report_to(cfg: Any) -> tuple[str, ...]:
@@ -206,9 +244,11 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, over
         n, missing = _verl_requirements()
         if missing:
             raise EngineUnavailable(f"icsd train --engine verl {missing}")
+    gpus = n_gpus or max(n, 1)
+    check_verl_batches(cfg, n_gpus=gpus)
     check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
     with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
-        path = prepare_verl(cfg, n_gpus=n_gpus or max(n, 1))
+        path = prepare_verl(cfg, n_gpus=gpus)
         if dry_run:
             return path
         from icsd_audit.runs.manifest import RunManifest
@@ -370,6 +410,9 @@ def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
+    if cfg.distill_enabled and cfg.alloc_scope != "mini-batch":  # the dumps would say mini-batch
+        raise EngineUnavailable(f"icsd train --engine trl allocates once per generation batch (one optimizer step), "
+                                f"not alloc_scope={cfg.alloc_scope!r}: drop it, or use --engine builtin or verl")
     if cfg.adv_estimator != "grpo":
         if adv_explicit:
             raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
@@ -481,9 +524,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                   train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout, peft_config=peft_config,
                   callbacks=[manifest_callback(cfg, engine="trl", start_step=start)])  # run.json
     if cfg.distill_enabled:
-        icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
-                          trust_beta=cfg.trust_beta, min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed,
-                          dump_dir=str(out / "dumps"))
+        icsd = ICSDConfig.from_run(cfg, dump_dir=str(out / "dumps"))
         trainer: Any = ICSDGRPOTrainer(**common, icsd=icsd, producer={"model": cfg.model, "env": cfg.env,
                                                                       "adv_estimator": "grpo", "seed": cfg.seed})
     else:  # allocator 'none': plain GRPO, no teacher and no dumps, as on the built-in loop

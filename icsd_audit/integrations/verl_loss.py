@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA
+from icsd_audit.alloc.variants import EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA
 from icsd_audit.integrations.checks import BatchInputError, TrajNames, check_values
 from icsd_audit.integrations.core import (C_KEY, TEACHER_KEY, PaddedAllocation, allocate_padded, distillation_loss,
                                           dump_writer, stable_traj_id, tcm_sums, turn_ids_from_mask, write_dump)
@@ -156,6 +156,8 @@ class MicroBatchScope:
     allocator: str = "icsd"
     trust: str = "laplace"
     trust_beta: float = SIGMOID_BETA
+    trust_eta: float = TRUST_ETA
+    influence_eta: float = INFLUENCE_ETA
     min_group: int = MIN_GROUP
     eps: float = EPS
     seed: int = 0
@@ -165,8 +167,10 @@ class MicroBatchScope:
     producer: str = "icsd.verl.worker-loss"
 
     def settings(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, min_group=self.min_group,
-                    eps=self.eps, seed=self.seed)
+        """The keywords of :func:`~icsd_audit.alloc.variants.allocate` (every allocator setting)."""
+        from icsd_audit.alloc.options import AllocatorOptions
+
+        return {k: getattr(self, k) for k in AllocatorOptions.__dataclass_fields__}
 
     def _writer(self, rank: int, world: int) -> Any:
         key = (self.dump_dir, rank)
@@ -259,28 +263,58 @@ def icsd_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
     return loss + distill_coef * aux, metrics
 
 
-def scope_from_env(allocator: str, *, producer: str) -> MicroBatchScope:
-    """A :class:`MicroBatchScope` for ``allocator`` with settings from ``ICSD_*`` environment variables.
+#: The ``ICSD_*`` environment variables the registry losses read, and the setting each gives
+#: (:class:`MicroBatchScope`'s field); SPEC defaults where unset.
+ENV_SETTINGS = {"ICSD_TRUST": "trust", "ICSD_TRUST_BETA": "trust_beta", "ICSD_TRUST_ETA": "trust_eta",
+                "ICSD_INFLUENCE_ETA": "influence_eta", "ICSD_MIN_GROUP": "min_group", "ICSD_EPS": "eps",
+                "ICSD_SEED": "seed", "ICSD_DUMP_DIR": "dump_dir"}
 
-    ``ICSD_TRUST``, ``ICSD_TRUST_BETA``, ``ICSD_MIN_GROUP``, ``ICSD_EPS``, ``ICSD_SEED``,
-    ``ICSD_DUMP_DIR`` (SPEC defaults where unset): the channel into verl's workers for
-    settings verl's own config has no field for.  A bad value is one line naming the variable.
+
+def env_settings(environ: Any = None) -> dict[str, Any]:
+    """The :data:`ENV_SETTINGS` that are set (in ``environ``, default ``os.environ``), parsed and checked.
+
+    A bad value is a ``ValueError`` in one line naming the variable and what it may hold,
+    so a typo (``ICSD_TRUST=sigmod``) stops the process that reads it, before any rollout.
     """
-    env = os.environ
+    from icsd_audit.alloc.variants import check_settings, trust_names
 
-    def num(name: str, cast: type, default: Any) -> Any:
-        raw = env.get(name)
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, key in ENV_SETTINGS.items():
+        raw = env.get(var)
         if raw is None or raw == "":
-            return default
-        try:
-            v = cast(raw)
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not a valid {cast.__name__}") from None
-        if not np.isfinite(float(v)):
-            raise ValueError(f"{name}={raw!r} must be finite")
-        return v
+            continue
+        if key == "dump_dir":
+            out[key] = raw
+        elif key == "trust":
+            if raw not in trust_names():
+                raise ValueError(f"{var}={raw!r}: choose one of {', '.join(trust_names())}")
+            out[key] = raw
+        else:
+            cast = int if key in ("min_group", "seed") else float
+            try:
+                v = cast(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r} is not a valid {'integer' if cast is int else 'number'}") from None
+            if not np.isfinite(float(v)):
+                raise ValueError(f"{var}={raw!r} must be finite")
+            if key == "seed" and not 0 <= v < 2**63:
+                raise ValueError(f"{var}={raw!r} must lie in [0, 2**63)")
+            out[key] = v
+    try:
+        check_settings(**{k: v for k, v in out.items() if k in ("trust_beta", "trust_eta", "influence_eta", "eps",
+                                                                  "min_group")})
+    except ValueError as e:  # name the variable, not the setting
+        key = str(e).split()[0]
+        var = next((v for v, k in ENV_SETTINGS.items() if k == key), key)
+        raise ValueError(f"{var}={env.get(var)!r}: {key} {str(e).split(' ', 1)[1]}") from None
+    return out
 
-    return MicroBatchScope(allocator=allocator, trust=env.get("ICSD_TRUST") or "laplace",
-                           trust_beta=num("ICSD_TRUST_BETA", float, SIGMOID_BETA),
-                           min_group=num("ICSD_MIN_GROUP", int, MIN_GROUP), eps=num("ICSD_EPS", float, EPS),
-                           seed=num("ICSD_SEED", int, 0), dump_dir=env.get("ICSD_DUMP_DIR", ""), producer=producer)
+
+def scope_from_env(allocator: str, *, producer: str, environ: Any = None) -> MicroBatchScope:
+    """A :class:`MicroBatchScope` for ``allocator`` with the settings of :data:`ENV_SETTINGS` (:func:`env_settings`).
+
+    The environment is the channel into verl's workers for settings verl's own config has
+    no field for; the plug-in checks it when it registers the losses (:mod:`.verl_plugin`).
+    """
+    return MicroBatchScope(allocator=allocator, producer=producer, **env_settings(environ))

@@ -89,9 +89,7 @@ class ICSDVerlConfig(AllocationSettings):
 
     def micro_scope(self) -> MicroBatchScope:
         """The worker loss's allocation in ``micro-batch`` scope (dumps written by the workers)."""
-        return MicroBatchScope(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta,
-                               min_group=self.min_group, eps=self.eps, seed=self.seed, dump_dir=self.dump_dir,
-                               producer="icsd.verl.icsd_sync")
+        return MicroBatchScope(**self.allocator_kwargs(), dump_dir=self.dump_dir, producer="icsd.verl.icsd_sync")
 
     @staticmethod
     def from_config(node: Any) -> "ICSDVerlConfig":

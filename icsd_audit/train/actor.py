@@ -142,9 +142,9 @@ class NoDistillation:
 def make_distillation(cfg: Any) -> Distillation | NoDistillation:
     if not cfg.distill_enabled:
         return NoDistillation()
-    return Distillation(allocator=cfg.allocator, trust=cfg.trust, trust_beta=cfg.trust_beta, eps=cfg.alloc_eps,
-                        min_group=cfg.min_group, seed=cfg.alloc_seed, coef=cfg.effective_distill_coef,
-                        trust_eta=cfg.trust_eta, influence_eta=cfg.influence_eta)
+    from icsd_audit.alloc.options import run_allocator_settings
+
+    return Distillation(coef=cfg.effective_distill_coef, **run_allocator_settings(cfg))  # every allocator setting
 
 
 # --------------------------------------------------------------------------------------

@@ -308,15 +308,10 @@ class TrainConfig:
 
     def allocator_settings(self) -> dict[str, Any]:
         """What the dump metadata records under ``allocator`` (the audit's options)."""
+        from icsd_audit.alloc.options import run_allocator_settings
+
         return {
-            "allocator": self.allocator,
-            "trust": self.trust,
-            "trust_eta": self.trust_eta,
-            "influence_eta": self.influence_eta,
-            "trust_beta": self.trust_beta,
-            "eps": self.alloc_eps,
-            "min_group": self.min_group,
-            "seed": self.alloc_seed,
+            **run_allocator_settings(self),  # every allocator setting, the list every engine writes
             "lambda": self.effective_distill_coef,
             "compute_dtype": "float64 from float32-rounded inputs",
             "alloc_scope": self.alloc_scope,
