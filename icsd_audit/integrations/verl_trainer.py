@@ -228,6 +228,9 @@ def register() -> type:
         """verl's sync trainer + privileged self-teacher + ICSD allocation + auxiliary loss + dumps."""
 
         def on_init_end(self) -> None:
+            from icsd_audit.integrations.verl_compat import check_verl
+
+            check_verl()  # every signature we rely on (the plug-in checked only the modules loaded as it registered)
             super().on_init_end()
             self.icsd = ICSDVerlConfig.from_config(self.config.get("icsd"))
             actor = self.config.actor_rollout_ref.actor
