@@ -117,7 +117,7 @@ def _mini_batch_prompts(cfg: Any) -> int:
 
 
 def check_verl_batches(cfg: Any, *, n_gpus: int, nnodes: int = 1) -> None:
-    """Refuse batch sizes verl cannot split over ``n_gpus * nnodes`` ranks, with the option that fixes them.
+    """Refuse batch sizes verl cannot split over ``n_gpus * nnodes`` ranks, naming the options that fix them.
 
     verl's ``validate_config`` needs a step's rows (``data.train_batch_size`` x
     ``rollout.n``) divisible by the GPU count, and its actor splits each mini-batch's rows
@@ -125,24 +125,23 @@ def check_verl_batches(cfg: Any, *, n_gpus: int, nnodes: int = 1) -> None:
     """
     import math
 
-    world = n_gpus * nnodes
-
-    def fits(n_tasks: int) -> bool:
-        mini = _mini_batch_prompts(cfg.replace(n_tasks=n_tasks))
-        return (n_tasks * cfg.group_size) % world == 0 and (mini * cfg.group_size) % world == 0
-
-    if fits(cfg.n_tasks):
+    world, group = n_gpus * nnodes, cfg.group_size
+    rows, mini = cfg.n_tasks * group, _mini_batch_prompts(cfg)
+    if rows % world == 0 and (mini * group) % world == 0:
         return
-    rows, mini_rows = cfg.n_tasks * cfg.group_size, _mini_batch_prompts(cfg) * cfg.group_size
-    fix = next(n for n in range(cfg.n_tasks + 1, cfg.n_tasks * world + 2) if fits(n))
-    g = math.gcd(rows, mini_rows)
-    ok = [d for d in range(1, g + 1) if g % d == 0 and d % nnodes == 0]
-    gpus = [str(d // nnodes) for d in ok]
-    alts = ", ".join(gpus[:-1]) + (" or " if len(gpus) > 1 else "") + gpus[-1]
-    what = (f"a step's {rows} rows (n_tasks {cfg.n_tasks} x group_size {cfg.group_size})" if rows % world else
-            f"a mini-batch's {mini_rows} rows ({mini_rows // cfg.group_size} prompts x group_size {cfg.group_size})")
-    raise EngineUnavailable(f"--gpus {n_gpus}: verl splits {what} evenly over {world} GPU(s); set --set n_tasks={fix} "
-                            f"({fix * cfg.group_size} rows), or --gpus {alts}")
+    # the smallest fix: more tasks per step until a step splits, then mini-batches of more prompts until they do
+    n_tasks = next(n for n in range(cfg.n_tasks, cfg.n_tasks * world + 1) if (n * group) % world == 0)
+    m = next(k for k in range(min(mini, n_tasks), n_tasks + 1) if (k * group) % world == 0)
+    fixes = [f"--set n_tasks={n_tasks} ({n_tasks * group} rows)"] if n_tasks != cfg.n_tasks else []
+    if m != _mini_batch_prompts(cfg.replace(n_tasks=n_tasks)):
+        fixes.append(f"--set mini_batch_rows={m * group} (mini-batches of {m} prompts)")
+    g = math.gcd(rows, mini * group)
+    gpus = [str(d // nnodes) for d in range(1, g + 1) if g % d == 0 and d % nnodes == 0]
+    what = (f"a step's {rows} rows (n_tasks {cfg.n_tasks} x group_size {group})" if rows % world else
+            f"a mini-batch's {mini * group} rows ({mini} prompt{'s' if mini > 1 else ''} x group_size {group})")
+    alts = ", ".join(gpus[:-1]) + (" or " if len(gpus) > 1 else "") + gpus[-1] if gpus else ""
+    raise EngineUnavailable(f"--gpus {n_gpus}: verl splits {what} evenly over {world} GPU(s); fix: "
+                            + " and ".join(fixes) + (f", or --gpus {alts}" if alts else ""))
 
 
 def _report_to(cfg: Any) -> tuple[str, ...]:
