@@ -223,3 +223,64 @@ def test_batch_check_agrees_with_verls_validate_config(tmp_path, gpus, ok):
     else:
         with pytest.raises((AssertionError, ValueError), match="divisible"):
             validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
+
+
+# ------------------------------------------------------------------ the verl commands of docs/engines.md
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "engines.md"
+
+
+def _doc_commands() -> list[list[str]]:
+    """The overrides of every ``python -m verl.trainer.main_ppo`` in docs/engines.md's bash blocks."""
+    blocks = DOCS.read_text().split("```bash\n")[1:]
+    out = []
+    for block in (b.split("```", 1)[0] for b in blocks):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            if "verl.trainer.main_ppo" in cmd:
+                out.append(shlex.split(cmd.split("verl.trainer.main_ppo", 1)[1]))
+    return out
+
+
+def test_the_docs_verl_commands_are_complete():
+    cmds = _doc_commands()
+    assert len(cmds) == 2  # the distillation run and the command icsd train --engine verl writes
+    assert not any("..." in w for c in cmds for w in c)
+    for c in cmds:
+        assert "trainer.use_v1=true" in c
+
+
+def test_the_docs_full_command_is_what_icsd_train_writes():
+    from icsd_audit.train.presets import preset
+
+    full = next(c for c in _doc_commands() if "trainer.v1.trainer_mode=icsd_sync" in c)
+    cfg = preset("paper").replace(model="/models/Qwen2.5-1.5B-Instruct", out_dir="runs/verl-webshop")
+    assert full == verl_overrides(cfg, n_gpus=4)
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_docs_verl_commands_pass_verls_config_checks(index):
+    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from icsd_audit.integrations.verl_distill import LOSS_ALLOCATORS
+    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig
+
+    ovr = _doc_commands()[index]
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer/config"),
+                               version_base=None):
+        c = compose(config_name="ppo_trainer", overrides=ovr)
+    validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
+    assert c.trainer.use_v1 is True
+    if c.trainer.v1.trainer_mode == "icsd_sync":
+        ICSDVerlConfig.from_config(c.icsd)  # every +icsd option is one the trainer knows
+    if c.distillation.enabled:
+        assert c.distillation.distillation_loss.loss_mode in LOSS_ALLOCATORS
+        omega_conf_to_dataclass(c.distillation)  # verl's DistillationConfig checks (teacher pool, its replicas)
+        # verl 0.9.1's trainer (v1 trainer_base) refuses a teacher pool of no GPU when it builds its resource pools
+        assert c.distillation.nnodes > 0 and c.distillation.n_gpus_per_node > 0
