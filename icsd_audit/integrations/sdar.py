@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import EPS, MIN_GROUP, SIGMOID_BETA
+from icsd_audit.alloc.variants import EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA
 from icsd_audit.integrations.checks import TrajNames, check_mask, check_row_ids, check_turn_ids, check_values
 from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
                                           stable_traj_id, write_dump)
@@ -107,7 +107,8 @@ class DataProtoAllocation:
 
 def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, step: int = 0,
                        writer: Any = None, allocator: str = "icsd", trust: str = "laplace",
-                       trust_beta: float = SIGMOID_BETA, min_group: int = MIN_GROUP, eps: float = EPS, seed: int = 0,
+                       trust_beta: float = SIGMOID_BETA, trust_eta: float = TRUST_ETA,
+                       influence_eta: float = INFLUENCE_ETA, min_group: int = MIN_GROUP, eps: float = EPS, seed: int = 0,
                        teacher_key: str = SDAR_TEACHER_KEY, student_key: str = "old_log_probs") -> DataProtoAllocation:
     """Allocate a verl-agent ``DataProto`` per global actor mini-batch and store ``c`` in it.
 
@@ -151,7 +152,8 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
           else mini_batch_ids(B, mini_batch_rows=int(mini_batch_rows), dp_size=int(dp_size)))
     traj = torch.as_tensor([stable_traj_id(u) for u in uids.tolist()], dtype=torch.long, device=mask.device)
     delta = (teacher - student).float()
-    settings = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, min_group=min_group, eps=eps, seed=seed)
+    settings = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
+                    influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
     c = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     parts, shards = [], []
     provenance = None
