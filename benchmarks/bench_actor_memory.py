@@ -30,9 +30,9 @@ def child(mode: str, rows: int, prompt: int, response: int) -> None:
 
     import torch
 
-    from icsd_audit.train.logprobs import pack, response_logprobs
-    from icsd_audit.train.loop import load_policy
-    from icsd_audit.train.memory import checkpointed_blocks, decoder_blocks, map_large_allocations, release_freed_memory
+    from icsd_audit.train.update.logprobs import pack, response_logprobs
+    from icsd_audit.train.models.loading import load_policy
+    from icsd_audit.train.models.memory import checkpointed_blocks, decoder_blocks, map_large_allocations, release_freed_memory
 
     torch.set_num_threads(1)
     if mode.endswith("+mmap"):

@@ -11,7 +11,7 @@ float64 allocation, scatter back) for one mini-batch of the paper's size (Table 
 WebShop: 64 prompts x 8 rollouts = 512 turn rows; 8-row micro-batches), SDAR vs ICSD,
 over the whole mini-batch (one call) or micro-batch by micro-batch (one call each).
 
-Runs the real :class:`~icsd_audit.train.actor.Actor` update (PPO dual clip + k3 KL +
+Runs the real :class:`~icsd_audit.train.update.actor.Actor` update (PPO dual clip + k3 KL +
 allocated distillation, SGD with lr 0 so every repeat sees the same weights) on
 ``mini-batches`` actor mini-batches of ``rows`` random-token rows each (prompts of
 about ``prompt`` tokens, responses of about ``response``; ``micro`` rows per gradient
@@ -33,8 +33,9 @@ import time
 
 import torch
 
-from icsd_audit.train.actor import Actor, Distillation, StepData
-from icsd_audit.train.loop import load_policy
+from icsd_audit.alloc.settings import AllocatorSettings
+from icsd_audit.train.update.actor import Actor, Distillation, StepData
+from icsd_audit.train.models.loading import load_policy
 
 COMBOS = [("sdar", "mini-batch"), ("icsd", "mini-batch"), ("sdar", "micro-batch"), ("icsd", "micro-batch")]
 
@@ -74,8 +75,7 @@ def alloc_only(a: argparse.Namespace) -> None:
     for rep in range(a.repeats + 1):
         for allocator in ("sdar", "icsd"):
             act = Actor.__new__(Actor)  # only the allocation step is used
-            act.distill = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=8,
-                                       seed=0, coef=0.01)
+            act.distill = Distillation(AllocatorSettings(allocator=allocator, min_group=8), coef=0.01)
             for scope in ("mini-batch", "micro-batch"):
                 t0 = time.perf_counter()
                 spans = [(0, n)] if scope == "mini-batch" else list(zip(micro_edges[:-1], micro_edges[1:]))
@@ -116,8 +116,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
 
     def actor(allocator: str, scope: str) -> Actor:
-        dist = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=8, seed=0,
-                            coef=0.01)
+        dist = Distillation(AllocatorSettings(allocator=allocator, min_group=8), coef=0.01)
         return Actor(model, opt, distill=dist, clip_ratio=0.2, dual_clip=3.0, kl_coef=0.01, temperature=1.0,
                      mini_batch_rows=a.rows, micro_batch_rows=a.micro, ppo_epochs=1, grad_clip=1.0,
                      skip_first_prepass=True, shuffle_rows=False, seed=0, pad_id=tok.pad_token_id, device=cpu,

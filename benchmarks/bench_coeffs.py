@@ -22,8 +22,8 @@ import torch
 
 from icsd_audit.alloc.options import AllocatorOptions
 
-from icsd_audit.dumps.coeffs import compute_coefficients
-from icsd_audit.dumps.verify import verify_dumps
+from icsd_audit.audit.coeffs import compute_coefficients
+from icsd_audit.audit.verify import verify_dumps
 from icsd_audit.dumps.writer import DumpWriter
 from icsd_audit.dumps.reader import REQUIRED
 from icsd_audit.dumps.synth import synth_tokens

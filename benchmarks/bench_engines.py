@@ -56,10 +56,10 @@ PHASES = ("rollout", "old_logp", "teacher", "reference", "actor", "other", "step
 
 
 def run_config(args: argparse.Namespace, lora: int, precision: str, out: Path) -> Any:
-    from icsd_audit.train.config import TrainConfig, parse_override
+    from icsd_audit.train.config import TrainConfig, from_preset, parse_override
 
     rows = args.tasks * args.group
-    cfg = TrainConfig.from_preset(
+    cfg = from_preset(
         "cpu-demo", model=args.model, out_dir=str(out), total_steps=1, max_turns=1, n_tasks=args.tasks,
         group_size=args.group, max_response_tokens=args.response, adv_estimator="grpo", mini_batch_rows=rows,
         micro_batch_rows=rows, rollout_batch_rows=rows, sketch_k=0, lora_rank=lora, precision=precision,
@@ -87,8 +87,8 @@ def work_trl(cfg: Any) -> dict[str, Any]:
     from trl import GRPOTrainer
 
     from icsd_audit.integrations import engines
-    from icsd_audit.integrations.trl import ICSDGRPOTrainer
-    from icsd_audit.integrations.trl_rollout import EpisodeRollout
+    from icsd_audit.integrations.trl.trainer import ICSDGRPOTrainer
+    from icsd_audit.integrations.trl.rollout import EpisodeRollout
 
     acc: dict[str, list[float]] = {k: [] for k in ("rollout", "trl_base", "icsd", "score", "prepare", "step")}
     tokens = {"rows": 0, "response_tokens": 0, "prompt_tokens": 0}

@@ -19,7 +19,7 @@ import torch
 
 from icsd_audit.alloc.options import AllocatorOptions
 from icsd_audit.dumps.writer import write_table_atomic
-from icsd_audit.grads.cosines import run_gradcos
+from icsd_audit.audit.gradcos import run_gradcos
 from icsd_audit.dumps.synth import synth_tokens
 
 

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args()
     build = importlib.import_module("icsd_audit.report.build")
-    run = importlib.import_module("icsd_audit.stats.run")
+    run = importlib.import_module("icsd_audit.audit.run")
     boot = importlib.import_module("icsd_audit.stats.bootstrap")
     acc = importlib.import_module("icsd_audit.stats.accumulator")
     land = importlib.import_module("icsd_audit.stats.landscape")

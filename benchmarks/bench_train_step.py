@@ -83,12 +83,12 @@ def main() -> None:
     if args.metrics is None:
         import torch
 
-        from icsd_audit.train.config import TrainConfig, parse_override
+        from icsd_audit.train.config import TrainConfig, from_preset, parse_override
         from icsd_audit.train.loop import train
-        from icsd_audit.train.metrics import PrintReporter
+        from icsd_audit.train.run.metrics import PrintReporter
 
         overrides = dict(parse_override(s) for s in args.sets)
-        cfg = TrainConfig.from_preset(args.preset, out_dir=str(args.out), total_steps=args.steps, **overrides)
+        cfg = from_preset(args.preset, out_dir=str(args.out), total_steps=args.steps, **overrides)
         t0 = time.perf_counter()
         train(cfg, reporter=PrintReporter())
         wall = time.perf_counter() - t0

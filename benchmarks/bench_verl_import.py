@@ -2,29 +2,53 @@
 
 Usage: python benchmarks/bench_verl_import.py [--repeats 5] [--statement "import verl"]
 
-Runs ``python -c STATEMENT`` in fresh processes, alternating ``VERL_USE_EXTERNAL_PLUGINS=none``
-(no plug-in) and ``auto`` (ours loaded), and prints each wall time, the medians, their
-difference and the 1-minute load average before and after (the figures move with the
-machine's load: say it with them).  ``--statement`` times something else, e.g. a registry
-lookup that makes the plug-in register (``"from verl.trainer.ppo.v1 import get_trainer_cls"``).
-Also prints which of the plug-in's registrations ran (none for a plain ``import verl``).
+1. Runs ``python -c STATEMENT`` in fresh processes, alternating ``VERL_USE_EXTERNAL_PLUGINS=none``
+   (no plug-in) and ``auto`` (ours loaded), and prints each wall time and CPU time (user +
+   system of the child), the medians and their differences, with the 1-minute load average
+   before and after (wall times move with the machine's load: say it with them; CPU times
+   much less).
+2. In fresh processes that ``import verl`` with no plug-in, times loading the plug-in as verl
+   does (``entry_points(group="verl.plugins")``, then ``ep.load()``): what it adds, without
+   the noise of two whole imports.
+3. Prints which of the plug-in's registrations STATEMENT ran (none for a plain ``import verl``).
+
+``--statement`` times something else, e.g. a registry lookup that makes the plug-in register
+(``"from verl.trainer.ppo.v1 import get_trainer_cls"``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
+#: verl with no plug-in, then the plug-in loaded as verl/__init__.py loads it, timed
+_LOAD = """import time, verl
+from importlib.metadata import entry_points
+t0 = time.perf_counter()
+for ep in entry_points(group="verl.plugins"):
+    if ep.name == "icsd":
+        ep.load()
+print(time.perf_counter() - t0)
+"""
 
-def _run(statement: str, plugins: str) -> float:
-    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": plugins, "PYTHONWARNINGS": "ignore"}
+
+def _env(plugins: str) -> dict[str, str]:
+    return {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": plugins, "PYTHONWARNINGS": "ignore"}
+
+
+def _run(statement: str, plugins: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``python -c statement`` in a fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", statement], env=env, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    subprocess.run([sys.executable, "-c", statement], env=_env(plugins), check=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -34,28 +58,28 @@ def main() -> None:
     args = ap.parse_args()
     load0 = os.getloadavg()[0]
     _run(args.statement, "auto")  # warm the file cache (bytecode, metadata) once, untimed
-    times: dict[str, list[float]] = {"none": [], "auto": []}
+    times: dict[str, list[tuple[float, float]]] = {"none": [], "auto": []}
     for _ in range(args.repeats):
         for plugins in ("none", "auto"):
             times[plugins].append(_run(args.statement, plugins))
     load1 = os.getloadavg()[0]
+    med = {p: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for p, ts in times.items()}
     for plugins, ts in times.items():
-        print(f"VERL_USE_EXTERNAL_PLUGINS={plugins}: " + " ".join(f"{t:.2f}" for t in ts)
-              + f" s; median {statistics.median(ts):.2f} s")
-    added = statistics.median(times["auto"]) - statistics.median(times["none"])
-    print(f"the plug-in adds {added:+.2f} s (median of {args.repeats}) to `{args.statement}`; "
-          f"load average {load0:.2f} before, {load1:.2f} after")
-    # the plug-in's own share, measured inside one process (less at the mercy of the load than wall times)
-    imp = subprocess.run([sys.executable, "-X", "importtime", "-c", args.statement], capture_output=True, text=True,
-                         env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "auto", "PYTHONWARNINGS": "ignore"})
-    own = [int(line.split("|")[1]) for line in imp.stderr.splitlines()
-           if line.startswith("import time:") and line.split("|")[-1].strip() == "icsd_audit.integrations.verl"]
-    print(f"import of the plug-in module inside `{args.statement}` (python -X importtime, cumulative): "
-          + (f"{own[0] / 1e6:.3f} s" if own else "not imported"))
-    probe = (f"{args.statement}\nimport sys\nm = sys.modules.get('icsd_audit.integrations.verl')\n"
-             "print(sorted(m.registered()) if m else 'plug-in not loaded')")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "auto", "PYTHONWARNINGS": "ignore"})
+        print(f"VERL_USE_EXTERNAL_PLUGINS={plugins}: wall " + " ".join(f"{t[0]:.2f}" for t in ts)
+              + f" s (median {med[plugins][0]:.2f}); CPU " + " ".join(f"{t[1]:.2f}" for t in ts)
+              + f" s (median {med[plugins][1]:.2f})")
+    print(f"the plug-in adds {med['auto'][0] - med['none'][0]:+.2f} s wall, {med['auto'][1] - med['none'][1]:+.2f} s "
+          f"CPU (medians of {args.repeats}) to `{args.statement}`; load average {load0:.2f} before, {load1:.2f} after")
+    loads = []
+    for _ in range(args.repeats):
+        out = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, check=True,
+                             env=_env("none"))
+        loads.append(float(out.stdout.strip().splitlines()[-1]))
+    print("loading the plug-in as verl does, after `import verl`: " + " ".join(f"{t:.3f}" for t in loads)
+          + f" s (median {statistics.median(loads):.3f} s)")
+    probe = (f"{args.statement}\nimport sys\nm = sys.modules.get('icsd_audit.integrations.verl.plugin')\n"
+             "print(sorted(m.registered()) if m and hasattr(m, 'registered') else 'no registered() to ask')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env("auto"))
     print(f"registrations run by `{args.statement}`: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
 

@@ -116,9 +116,9 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     from icsd_audit.integrations.core import C_KEY
-    from icsd_audit.integrations.verl_loss import MicroBatchScope, icsd_ppo_loss
-    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig, allocate_mini_batches, trajectory_turns
-    from icsd_audit.train.loop import load_policy
+    from icsd_audit.integrations.verl.loss import MicroBatchScope, icsd_ppo_loss
+    from icsd_audit.integrations.verl.trainer import ICSDVerlConfig, allocate_mini_batches, trajectory_turns
+    from icsd_audit.train.models.loading import load_policy
 
     model, _ = load_policy(a.model, device=torch.device("cpu"))
     model.train()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -14,17 +14,13 @@ from .apps import audit_app
 
 @audit_app.command("coeffs")
 @handle_errors
+@O.allocator_options()
 def coeffs(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet file (written atomically)."),
     allocator: Optional[str] = O.ALLOCATOR,
-    trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA,
-    trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA,
-    min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS,
     seed: Optional[int] = O.SEED_ALLOCATOR,
+    *, settings: dict[str, Any],
 ) -> None:
     """Write every input column plus g, u, m, c (float64) and fallback, in input row order.
 
@@ -33,12 +29,11 @@ def coeffs(
 
     Example: icsd audit coeffs runs/dumps/ --out coeffs.parquet
     """
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
 
     check_output_file(out, paths)
     set_threads()
-    opts = audit_settings(paths, allocator=allocator, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
-                          influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed).deployed
+    opts = audit_settings(paths, allocator=allocator, **settings, seed=seed).deployed
     s = compute_coefficients(paths, out, opts)
     stderr_console().print(
         f"[bold]{out}[/]: {s.n_rows:,} rows, {s.n_tokens:,} valid tokens, {s.n_batches} batches, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -16,17 +16,12 @@ from .apps import audit_app
 
 @audit_app.command("gradcos")
 @handle_errors
+@O.allocator_options()
 def gradcos(
     paths: List[Path] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns.",
                                        readable=False),
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,
-    trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA,
-    trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA,
-    min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS,
     permutations: int = O.PERMUTATIONS,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
@@ -35,20 +30,20 @@ def gradcos(
     clip_eps: float = O.CLIP_EPS,
     dual_clip: float = O.DUAL_CLIP,
     as_json: bool = O.JSON,
+    *, settings: dict[str, Any],
 ) -> None:
     """Per-batch cos(RL direction, distillation direction) for base, compare and permuted controls.
 
     Example: icsd audit gradcos runs/dumps --permutations 1000 --json
     """
-    from icsd_audit.grads.cosines import run_gradcos
+    from icsd_audit.audit.gradcos import run_gradcos
 
     if permutations < 0:
         raise ValueError(f"--permutations must be >= 0, got {permutations}")
     if blocks < 0:
         raise ValueError(f"--blocks must be >= 0 (0: skip the jackknife), got {blocks}")
     set_threads()
-    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, trust=trust, trust_beta=trust_beta,
-                       trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, **settings, seed=seed)
     base_opts, compare_opts = s.pair(base, compare)
     res = run_gradcos(paths, base=base_opts, compare=compare_opts, permutations=permutations,
                       seed=0 if seed is None else seed, n_resamples=resamples, confidence_level=confidence,

@@ -14,31 +14,28 @@ from .apps import audit_app
 
 
 def _common(
-    paths: List[Path], base: Optional[str], compare: Optional[str], trust: Optional[str], trust_beta: Optional[float],
-    trust_eta: Optional[float], influence_eta: Optional[float], min_group: Optional[int], eps: Optional[float],
+    paths: List[Path], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
     seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int,
 ) -> Any:
     """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
     from icsd_audit.report.results import ReportOptions
 
-    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, trust=trust, trust_beta=trust_beta,
-                       trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, **settings, seed=seed)
     return ReportOptions.deployed(*s.pair(base, compare), seed=0 if seed is None else seed, n_resamples=resamples,
                                   confidence_level=confidence, grid=grid, permutations=permutations)
 
 
 @audit_app.command("figures")
 @handle_errors
+@O.allocator_options()
 def figures(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (one file per figure and format)."),
     fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
     dpi: int = typer.Option(300, help="Resolution of PNG output, in dots per inch."),
-    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
-    confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
+    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
+    resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
+    permutations: int = O.PERMUTATIONS, *, settings: dict[str, Any],
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
     compatibility with a `grad` column; training dynamics with several steps).
@@ -53,8 +50,8 @@ def figures(
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
-    report = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
-                                        eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
+    report = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations),
+                         workers=thread_count())
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
                            + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
@@ -62,14 +59,13 @@ def figures(
 
 @audit_app.command("report")
 @handle_errors
+@O.allocator_options()
 def report(
     paths: List[Path] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
-    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA, trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA, min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS, seed: Optional[int] = O.SEED_PERMUTATIONS, resamples: int = O.RESAMPLES,
-    confidence: float = O.CONFIDENCE, grid: int = O.GRID, permutations: int = O.PERMUTATIONS,
+    base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
+    resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
+    permutations: int = O.PERMUTATIONS, *, settings: dict[str, Any],
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
     self-contained report.html (figures embedded, provenance from the dump
@@ -82,9 +78,9 @@ def report(
 
     check_output_dir(out, paths, report_owns)
     set_threads()
-    rep = audit_dumps(paths, _common(paths, base, compare, trust, trust_beta, trust_eta, influence_eta, min_group,
-                                     eps, seed, resamples, confidence, grid, permutations), workers=thread_count())
-    written = write_report(rep, out)
+    rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations),
+                      workers=thread_count())
+    write_report(rep, out)
     from icsd_audit.report.render import terminal_lines
 
     for line in terminal_lines(rep, out):

@@ -1,6 +1,6 @@
 """``icsd audit tcm | quadrants | shift | clip | landscape``: SPEC 6 statistics with bootstrap CIs.
 
-Each command is a few lines over :mod:`icsd_audit.stats.run`.  Tables go to the
+Each command is a few lines over :mod:`icsd_audit.audit.run`.  Tables go to the
 terminal; ``--json`` prints exactly one JSON object on stdout and nothing else
 there; progress goes to stderr only when stderr is a terminal.
 """
@@ -27,7 +27,7 @@ COMPARE_FLAG = {"allocator": "--compare"}
 def _request(settings: Any, base: Optional[str], compare: Optional[str], seed: Optional[int], resamples: int,
              confidence: float, unit: str, by: Optional[str], **extra: Any) -> Any:
     """The request for one set of files: the deployed side and SDAR with the settings ``settings`` resolved."""
-    from icsd_audit.stats.run import AuditRequest
+    from icsd_audit.audit.run import AuditRequest
 
     b, c = settings.pair(base, compare)
     return AuditRequest(base=b, compare=c, n_resamples=resamples, confidence_level=confidence, unit=unit,
@@ -35,7 +35,7 @@ def _request(settings: Any, base: Optional[str], compare: Optional[str], seed: O
 
 
 def _check_by(by: Optional[str]) -> None:
-    from icsd_audit.stats.run import BY_COLUMNS
+    from icsd_audit.audit.run import BY_COLUMNS
 
     if by is not None and by not in (*BY_COLUMNS, BY_SETTINGS):
         raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
@@ -96,8 +96,8 @@ def undefined_lines(payload: dict[str, Any]) -> list[str]:
 
 def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
     """``--by settings``: each group of files deployed alike, audited with its own settings."""
-    from icsd_audit.dumps.settings import settings_groups
-    from icsd_audit.stats.run import run_audit_groups
+    from icsd_audit.audit.settings import settings_groups
+    from icsd_audit.audit.run import run_audit_groups
 
     set_threads()
     groups = []
@@ -114,7 +114,7 @@ def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: di
 
 
 def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
-    from icsd_audit.stats.run import run_audit
+    from icsd_audit.audit.run import run_audit
 
     set_threads()
     # rich (about 40 ms of imports) only when a spinner will be shown
@@ -129,16 +129,11 @@ def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
 
 def _stat_command(statistic: str, doc: str, example: str) -> None:
     @handle_errors
+    @O.allocator_options()
     def command(
         paths: List[Path] = O.PATHS,
         base: Optional[str] = O.BASE,
         compare: Optional[str] = O.COMPARE,
-        trust: Optional[str] = O.TRUST,
-        trust_beta: Optional[float] = O.TRUST_BETA,
-        trust_eta: Optional[float] = O.TRUST_ETA,
-        influence_eta: Optional[float] = O.INFLUENCE_ETA,
-        min_group: Optional[int] = O.MIN_GROUP,
-        eps: Optional[float] = O.EPS,
         resamples: int = O.RESAMPLES,
         confidence: float = O.CONFIDENCE,
         unit: str = typer.Option("action-turn", help="Resampling unit: action-turn (stratified by batch) or batch."),
@@ -148,10 +143,10 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         clip_eps: float = O.CLIP_EPS,
         dual_clip: float = O.DUAL_CLIP,
         as_json: bool = O.JSON,
+        *, settings: dict[str, Any],
     ) -> None:
         _check_by(by)
-        flags = dict(allocator=compare, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
-                     influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+        flags = dict(allocator=compare, **settings, seed=seed)
         request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
         if by == BY_SETTINGS:
@@ -177,32 +172,27 @@ _stat_command("clip", "Clipping exposure: tokens and mass where the clipped surr
 
 @audit_app.command("landscape")
 @handle_errors
+@O.allocator_options()
 def landscape(
     paths: List[Path] = O.PATHS,
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,
-    trust: Optional[str] = O.TRUST,
-    trust_beta: Optional[float] = O.TRUST_BETA,
-    trust_eta: Optional[float] = O.TRUST_ETA,
-    influence_eta: Optional[float] = O.INFLUENCE_ETA,
-    min_group: Optional[int] = O.MIN_GROUP,
-    eps: Optional[float] = O.EPS,
     grid: int = O.GRID,
     seed: Optional[int] = O.SEED,
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
+    *, settings: dict[str, Any],
 ) -> None:
     """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env), its
     Gaussian-kernel smoothing and the region multipliers with action-turn bootstrap CIs.
 
     Example: icsd audit landscape runs/dumps --grid 20 --resamples 2000 --json
     """
-    from icsd_audit.stats.run import run_landscape
+    from icsd_audit.audit.run import run_landscape
 
     set_threads()
-    settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, trust=trust, trust_beta=trust_beta,
-                              trust_eta=trust_eta, influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)
     res = run_landscape(paths, req, grid=grid)
     base, compare = req.base.allocator, req.compare.allocator

@@ -29,7 +29,7 @@ def verify(paths: List[Path] = O.PATHS, as_json: bool = O.JSON) -> None:
 
     Example: icsd audit verify runs/cpu-demo/dumps --json
     """
-    from icsd_audit.dumps.verify import verify_dumps
+    from icsd_audit.audit.verify import verify_dumps
 
     set_threads()
     res = verify_dumps(paths)

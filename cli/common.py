@@ -54,7 +54,7 @@ def audit_settings(paths: Any, *, flags: Any = None, **values: Any) -> Any:
     One ``note:`` line on stderr per recorded setting a flag replaces; files deployed with
     different settings are refused (one line naming two files and the field).
     """
-    from icsd_audit.dumps.settings import audit_settings as resolve
+    from icsd_audit.audit.settings import audit_settings as resolve
 
     s = resolve(paths, flags=flags, **values)
     for line in s.overrides:
@@ -64,16 +64,18 @@ def audit_settings(paths: Any, *, flags: Any = None, **values: Any) -> Any:
 
 def check_output_file(out: Any, paths: Any) -> None:
     """Refuse, before any work, an output file that is an input or cannot be written."""
+    from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_file as check
 
-    check(out, paths)
+    check(out, resolve_paths(paths) if paths else [])
 
 
 def check_output_dir(out: Any, paths: Any, owned: Callable[[str], bool]) -> None:
     """Refuse, before any work, an output directory that is or holds an input or cannot be written."""
+    from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_dir as check
 
-    check(out, paths, owned=owned)
+    check(out, resolve_paths(paths) if paths else [], owned=owned)
 
 
 def stderr_console() -> Any:
@@ -83,35 +85,16 @@ def stderr_console() -> Any:
 
 
 def thread_count() -> int:
-    """Audit workers: ``ICSD_THREADS``, else the cores (at most 8).
+    """Audit workers (:func:`~icsd_audit.audit.threads.audit_workers`): ``ICSD_THREADS``, else the cores, at most 8."""
+    from icsd_audit.audit.threads import audit_workers
 
-    That many batches are allocated at once (one thread each) and the bootstrap's
-    blocks are shared by this process and workers - 1 forked ones; blocks are seeded
-    one by one and each batch runs torch on one intra-op thread (:func:`set_threads`),
-    so no result depends on the worker count.
-    """
-    import os
-
-    from icsd_audit.threads import env_threads
-
-    return env_threads(default=max(1, min(8, os.cpu_count() or 1)))
+    return audit_workers()
 
 
 def set_threads() -> None:
-    """Run torch's audit maths on one intra-op thread, whatever ``ICSD_THREADS`` says.
-
-    Torch splits reductions over batches above 32768 elements into one chunk per
-    thread, so the summation order, and with it the last bits of g, c, every estimate
-    and every CI bound, followed the thread count (measured: 1 vs 3 threads on 2 x
-    300k-token batches changed 85k of 600k ``g`` values by up to 3e-14 relative).
-    One thread makes every audit number identical across ``ICSD_THREADS``; the
-    bootstrap still uses :func:`thread_count` workers.  ``thread_count()`` is still
-    validated here so a bad ``ICSD_THREADS`` fails before any work.
-    """
-    import torch
-
+    """Check ``ICSD_THREADS`` before any work (one line when bad); the library's audit entry points run their
+    maths on one torch intra-op thread themselves (:mod:`icsd_audit.audit.threads`)."""
     thread_count()
-    torch.set_num_threads(1)
 
 
 def without_options(command: F, **fixed: Any) -> F:

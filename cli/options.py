@@ -1,15 +1,22 @@
-"""Options shared by the ``icsd audit`` commands, defined once so names, defaults and help agree.
+"""Options shared by the ``icsd`` commands, defined once so names, defaults and help agree.
 
 Typer reads these ``OptionInfo`` objects as metadata only, so one object can serve as
-the default of a parameter in several commands.  Nothing here imports torch.
+the default of a parameter in several commands. :func:`allocator_options` gives a command
+the allocator settings' options, with the help text and defaults of
+:class:`~icsd_audit.alloc.settings.AllocatorSettings`. Nothing here imports torch
+(:mod:`icsd_audit.alloc.settings` imports its registries lazily through torch's light modules only).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import typer
+
+from icsd_audit.alloc.settings import DEFAULTS, SETTING_HELP
 
 
 def _checked(test: Callable[[Any], bool], want: str) -> Callable[[Any], Any]:
@@ -47,18 +54,45 @@ BASE = typer.Option(None, "--base", show_default=False, help="Base allocator, th
 COMPARE = typer.Option(None, "--compare", show_default=False, help="Compared allocator: icsd, fisher, sign, "
                        "influence-only, gaussian, ... (default: the deployed allocator; icsd when sdar or opsd was "
                        "deployed).")
-TRUST = typer.Option(None, show_default=False,
-                     help="Base trust: laplace, sigmoid, uniform. " + _DEPLOYED.format("laplace"))
-TRUST_BETA = typer.Option(None, show_default=False, help="Slope of the sigmoid trust. " + _DEPLOYED.format("5"),
-                          callback=POSITIVE_FINITE)
-TRUST_ETA = typer.Option(None, show_default=False, help="eta of the Laplace trust map. " + _DEPLOYED.format("0.4"),
-                         callback=OPEN_UNIT)
-INFLUENCE_ETA = typer.Option(None, show_default=False, help="eta of the influence calibration map. "
-                             + _DEPLOYED.format("0.5"), callback=OPEN_UNIT)
-MIN_GROUP = typer.Option(None, show_default=False, help="Smallest calibration group that gets its own fit. "
-                         + _DEPLOYED.format("8"), callback=AT_LEAST_1)
-EPS = typer.Option(None, show_default=False, help="Allocator scale floor, turn-mass threshold and TCM zero threshold "
-                   "for |u|. " + _DEPLOYED.format("1e-4"), callback=POSITIVE_FINITE)
+#: the settings every command takes through :func:`allocator_options` (the allocator and its seed are named per
+#: command: --allocator or --compare, and each command's --seed says what else it seeds)
+SHARED_SETTINGS = ("trust", "trust_beta", "trust_eta", "influence_eta", "min_group", "eps")
+_CHECKS = {"trust_beta": POSITIVE_FINITE, "trust_eta": OPEN_UNIT, "influence_eta": OPEN_UNIT, "min_group": AT_LEAST_1,
+           "eps": POSITIVE_FINITE}
+
+
+def _setting_option(name: str, note: str) -> Any:
+    default = getattr(DEFAULTS, name)
+    return typer.Option(None, "--" + name.replace("_", "-"), show_default=False, callback=_CHECKS.get(name),
+                        help=f"{SETTING_HELP[name]} {note.format(default)}")
+
+
+def allocator_options(note: str = _DEPLOYED) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options of :data:`SHARED_SETTINGS` (``--trust``, ``--trust-beta``, ...).
+
+    The decorated function takes ``settings: dict`` (setting -> the value given, ``None`` where not given) instead
+    of one parameter per setting; ``note`` ends each help text and names the default (``{}``).
+    """
+    options = {name: _setting_option(name, note) for name in SHARED_SETTINGS}
+    kinds = {"trust": Optional[str], "min_group": Optional[int]}
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in SHARED_SETTINGS}
+            return fn(*args, settings=given, **kwargs)
+
+        params = [p for p in sig.parameters.values() if p.name != "settings"]
+        params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=options[name],
+                                     annotation=kinds.get(name, Optional[float])) for name in SHARED_SETTINGS]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        return command
+
+    return wrap
+
+
 # each command's --seed names only what that command draws: no bootstrap in coeffs, permutation controls only
 # where gradient cosines are computed
 _SEED = "Seed of {} (default: 0) and of the permuted allocator " + _DEPLOYED.format("0") + "."

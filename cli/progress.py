@@ -104,7 +104,7 @@ def eta_text(step_seconds: list[float], steps_left: int, in_step: float) -> str:
         return "ETA 0:00"
     if not step_seconds:
         return "ETA after the first step"
-    from icsd_audit.train.metrics import clock
+    from icsd_audit.train.run.metrics import clock
 
     return f"ETA {clock(max(sum(step_seconds) / len(step_seconds) * steps_left - in_step, 0.0))}"
 
@@ -148,7 +148,7 @@ class RichReporter:
         self.task = self.bar.add_task("starting", total=total_steps, completed=start_step)
 
     def phase(self, step: int, name: str) -> None:
-        from icsd_audit.train.metrics import PHASE_LABELS
+        from icsd_audit.train.run.metrics import PHASE_LABELS
 
         self.phase_label = PHASE_LABELS.get(name, name)
         self.bar.update(self.task, description=f"step {step}: {self.phase_label}")
@@ -160,7 +160,7 @@ class RichReporter:
         self.bar.update(self.task, description=f"step {step}: {self.phase_label}, {unit} {done}/{total} done")
 
     def step_done(self, step: int, record: Mapping[str, Any]) -> None:
-        from icsd_audit.train.metrics import summary_line
+        from icsd_audit.train.run.metrics import summary_line
 
         now = time.perf_counter()
         self.step_seconds.append(now - self.step_t0)

@@ -32,6 +32,9 @@ def _require_train_extra(command: str) -> None:
     if missing:
         raise fail(f"`icsd {command}` needs the [train] extra ({', '.join(missing)} not installed): "
                    "pip install 'icsd-audit[train]' (from a checkout: pip install -e '.[train]')")
+    from icsd_audit.threads import check_environment
+
+    check_environment()  # ICSD_* variables: a bad one fails here, naming it, before any work
 
 
 #: config fields whose command-line option is not ``--field-name``
@@ -44,23 +47,27 @@ def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *,
 
     ``env_here=False``: the environment runs on another machine (``--engine verl --dry-run``).
     """
-    from icsd_audit.train.config import ConfigError, TrainConfig, parse_override, preset_for
+    from icsd_audit.train.config import ConfigError, TrainConfig, from_preset, parse_override, preset_for
 
     fields: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     given = {k: _FLAGS.get(k, "--" + k.replace("_", "-")) for k in fields}
     for item in sets:
         key, value = parse_override(item)
+        if key in fields and fields[key] != value:  # two options for one field: neither silently wins
+            raise ConfigError([f"--set {item.strip()} contradicts {given[key]} (both set {key}: {value!r} and "
+                               f"{fields[key]!r}); pass one"])
         fields[key] = value
         given[key] = f"--set {item.strip()}"
     try:
-        return TrainConfig.from_preset(preset_for(preset, fields.get("env")), **fields).validate(env_here=env_here)
+        return from_preset(preset_for(preset, fields.get("env")), **fields).validate(env_here=env_here)
     except ConfigError as exc:
         named = [next((f"{given[k]}: {p}" for k in given if p.startswith(f"{k}=")), p) for p in exc.problems]
         raise ConfigError(named) from None
 
 
-def _resume_command() -> str | None:
-    """This command line with ``--resume`` (and without ``--overwrite`` / ``--resume-from``), when it is known."""
+def resume_command(flag: str = "--resume") -> str | None:
+    """This command line with ``flag`` (``--resume`` or ``--overwrite``) instead of ``--resume``, ``--overwrite``
+    and ``--resume-from``, when it is known."""
     import shlex
 
     args = sys.argv[1:]
@@ -73,9 +80,9 @@ def _resume_command() -> str | None:
             skip = False
         elif a == "--resume-from":
             skip = True
-        elif a != "--overwrite" and not a.startswith("--resume-from="):
+        elif a not in ("--overwrite", "--resume") and not a.startswith("--resume-from="):
             kept.append(a)
-    return "icsd " + shlex.join(kept + ([] if "--resume" in kept else ["--resume"]))
+    return "icsd " + shlex.join(kept + [flag])
 
 
 def _print_fields() -> None:
@@ -88,7 +95,7 @@ def _print_fields() -> None:
 
 def _note_prompt_changes(cfg: Any) -> None:
     """One line when the run's prompts differ from those a warm start (icsd sft) was fitted to."""
-    from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+    from icsd_audit.train.models.lora import is_adapter_dir, read_adapter_meta
     from icsd_audit.train.sft import prompt_changes
 
     init = cfg.init_path
@@ -216,7 +223,10 @@ def train_cmd(
                    resume_from=resume_from, overwrite=overwrite,
                    set_=set_, plain=plain, engine=engine, dry_run=dry_run, gpus=gpus)
     except Stopped as exc:
-        line = exc.line(_resume_command()) if hasattr(exc, "line") else (
+        from icsd_audit.train.run.resume import TrainingStopped
+
+        line = exc.line(resume_command(), resume_command("--overwrite")) if isinstance(exc, TrainingStopped) else \
+            exc.line(resume_command()) if hasattr(exc, "line") else (
             f"stopped by {exc.signal_name} before the run started: nothing was written")
         print(line, file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -238,12 +248,12 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     log_lines = plain or not sys.stderr.isatty()
     silence_bars()  # tqdm and Hugging Face bars: our bar or log lines say what runs
     from icsd_audit.train.loop import train
-    from icsd_audit.train.metrics import PrintReporter
+    from icsd_audit.train.run.metrics import PrintReporter
 
     model, init = o["model"], o["init"]
     if init is not None and model is None:  # an adapter names its base: --init alone is enough
         from icsd_audit.train.config import resolve_init
-        from icsd_audit.train.lora import is_adapter_dir, read_adapter_meta
+        from icsd_audit.train.models.lora import is_adapter_dir, read_adapter_meta
 
         folder = str(resolve_init(str(init)))
         model = read_adapter_meta(folder).get("base_model") if is_adapter_dir(folder) else None
@@ -272,15 +282,15 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     if cfg.out_dir:
         check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")
     if engine == "builtin":  # before loading any data: a folder holding another run fails in a second
-        from icsd_audit.train.rundir import check_run_folder
+        from icsd_audit.train.run.folder import check_run_folder
 
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     _check_env_data(cfg)
     if cfg.policy != "model":
         if engine != "builtin":
             raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
-        from icsd_audit.train.metrics import PrintReporter
-        from icsd_audit.train.policy_run import play
+        from icsd_audit.train.run.metrics import PrintReporter
+        from icsd_audit.train.rollout.policy_run import play
 
         played = play(cfg, reporter=PrintReporter(), overwrite=overwrite)
         stderr_console().print(f"done: {len(played.records)} step(s) played by the {cfg.policy}; metrics "
@@ -314,6 +324,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     with routed_logs(reporter), reporter.keepalive():
         res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None),
                     reporter=reporter, overwrite=overwrite)
+    if res.next_step == res.start_step:  # a resume with nothing to run: train() said so and changed nothing
+        return
     con = stderr_console()
     con.print(f"done: steps {res.start_step}..{res.next_step - 1}; metrics [bold]{res.metrics_path}[/]"
               + (f"; dumps [bold]{res.dumps_dir}[/]" if res.dumps_dir else "")
@@ -323,18 +335,12 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
 
 
 #: What one episode's success is, per environment (``rollout/success`` is the share of a step's episodes).
-SUCCESS = {
-    "webshop": "bought a product that matches every requested attribute and option within the price limit "
-               "(reward 1; score is the reward's partial credit, 0 to 1)",
-    "searchqa": "ended with an answer that exactly matches a gold answer",
-    "alfworld": "completed its household task",
-}
-
-
 def what_next(cfg: Any, dumps: Optional[Path], last: Optional[Mapping[str, Any]] = None) -> list[str]:
     """The run's last lines: what success means on this configuration, why it is 0 when the last
     step (``last``, its metrics record) won nothing, and what to look at next."""
-    won = SUCCESS.get(cfg.env, "was won by the environment's own rule")
+    from icsd_audit.envs import success_rule
+
+    won = success_rule(cfg.env)
     def n(k: int, word: str) -> str:
         return f"{k} {word}{'' if k == 1 else 's'}"
 
@@ -416,7 +422,7 @@ def eval_cmd(
 
     if preset is None:
         preset = "paper" if policy == "expert" else "cpu-demo"
-    from icsd_audit.train.lora import base_of, is_adapter_dir
+    from icsd_audit.train.models.lora import base_of, is_adapter_dir
 
     from icsd_audit.train.config import resolve_init
 
@@ -481,8 +487,8 @@ def export_cmd(
     """
     _require_train_extra("export")
     silence_bars()  # no "Writing model shards" bar
-    from icsd_audit.train.lora import export_merged
-    from icsd_audit.train.models import set_threads
+    from icsd_audit.train.models.lora import export_merged
+    from icsd_audit.train.models.loading import set_threads
 
     set_threads(None)
     path = export_merged(model=model, adapter=adapter, out=out)

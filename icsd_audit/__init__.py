@@ -28,7 +28,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from icsd_audit.moved import install as _install_moved
+from icsd_audit.version import __version__
+
+_install_moved()  # an old module path says where it moved
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -38,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "Allocation": "icsd_audit.alloc.variants",
     "allocator_names": "icsd_audit.alloc.variants",
     "trust_names": "icsd_audit.alloc.variants",
+    "AllocatorSettings": "icsd_audit.alloc.settings",
     "AllocatorOptions": "icsd_audit.alloc.options",
     "weight_pair": "icsd_audit.alloc.options",
     "permuted_coefficients": "icsd_audit.alloc.permutation",
@@ -45,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "DumpReader": "icsd_audit.dumps.reader",
     "DumpError": "icsd_audit.dumps.reader",
     "DumpWriter": "icsd_audit.dumps.writer",
-    "compute_coefficients": "icsd_audit.dumps.coeffs",
+    "compute_coefficients": "icsd_audit.audit.coeffs",
     "tcm": "icsd_audit.stats.api",
     "quadrants": "icsd_audit.stats.api",
     "quadrant_shares": "icsd_audit.stats.api",
@@ -55,7 +59,7 @@ _EXPORTS: dict[str, str] = {
     "landscape": "icsd_audit.stats.landscape",
     "AuditAccumulator": "icsd_audit.stats.accumulator",
     "LandscapeAccumulator": "icsd_audit.stats.landscape",
-    "run_gradcos": "icsd_audit.grads.cosines",
+    "run_gradcos": "icsd_audit.audit.gradcos",
     "audit_dumps": "icsd_audit.report.build",
     "write_report": "icsd_audit.report.build",
     "ReportOptions": "icsd_audit.report.results",
@@ -80,11 +84,12 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from icsd_audit.alloc.options import AllocatorOptions, weight_pair
     from icsd_audit.alloc.permutation import permuted_coefficients
+    from icsd_audit.alloc.settings import AllocatorSettings
     from icsd_audit.alloc.variants import Allocation, allocate, allocator_names, trust_names
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
     from icsd_audit.dumps.reader import DumpError, DumpReader, read_dumps
     from icsd_audit.dumps.writer import DumpWriter
-    from icsd_audit.grads.cosines import run_gradcos
+    from icsd_audit.audit.gradcos import run_gradcos
     from icsd_audit.report.build import audit_dumps, write_report
     from icsd_audit.report.results import ReportOptions
     from icsd_audit.stats.accumulator import AuditAccumulator

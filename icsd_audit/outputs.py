@@ -82,12 +82,6 @@ def reserve(fd: int, size: int) -> None:
         done += os.write(fd, chunk[: min(len(chunk), size - done)])
 
 
-def _input_files(inputs: Sequence[str | Path]) -> list[Path]:
-    from icsd_audit.dumps.reader import resolve_paths
-
-    return resolve_paths(inputs) if inputs else []  # [] for commands whose inputs are not dumps (icsd compare)
-
-
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -106,11 +100,14 @@ def _check_parent(out: Path) -> None:
         raise OutputError(out, f"cannot be written: no write permission in directory {parent}")
 
 
-def check_output_file(out: str | Path, inputs: Sequence[str | Path], *, option: str = "--out") -> Path:
-    """Refuse an output file that is an input (same file, symlink, hard link) or cannot be written."""
+def check_output_file(out: str | Path, inputs: Sequence[Path], *, option: str = "--out") -> Path:
+    """Refuse an output file that is an input (same file, symlink, hard link) or cannot be written.
+
+    ``inputs`` are the input files themselves (a dump directory resolved to its shards by the caller).
+    """
     out = Path(out)
     if os.path.lexists(out):
-        for f in _input_files(inputs) if inputs else ():
+        for f in inputs:
             if _same_file(out, f):
                 what = "is" if out.absolute() == f.absolute() else "resolves to"
                 raise OutputError(out, f"{option} {what} the input file {f}; an output never replaces an input")
@@ -122,15 +119,15 @@ def check_output_file(out: str | Path, inputs: Sequence[str | Path], *, option: 
     return out
 
 
-def check_output_dir(out: str | Path, inputs: Sequence[str | Path], *, owned: Callable[[str], bool],
+def check_output_dir(out: str | Path, inputs: Sequence[Path], *, owned: Callable[[str], bool],
                      option: str = "--out") -> Path:
     """Refuse an output directory that is or holds an input, holds foreign files, or cannot be written.
 
     ``owned(relative_path)`` says whether a file already in ``out`` is one this
-    command writes (the swap removes every file of the old directory).
+    command writes (the swap removes every file of the old directory); ``inputs`` are the input files themselves.
     """
     out = Path(out)
-    files = _input_files(inputs) if inputs else []
+    files = list(inputs)
     if os.path.lexists(out):
         for f in files:
             if _same_file(out, f):
@@ -284,7 +281,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def exchange_paths(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -354,7 +351,7 @@ def _swap_in(new: Path, target: Path) -> Path | None:
             if not os.path.lexists(target):
                 os.rename(new, target)
                 return None
-            if _exchange(new, target):  # after an exchange ``new`` holds the old set
+            if exchange_paths(new, target):  # after an exchange ``new`` holds the old set
                 return new
             old = Path(tempfile.mkdtemp(prefix=_prefix(target, "old"), dir=target.parent))
             try:

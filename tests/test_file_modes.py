@@ -35,8 +35,8 @@ def modes(root: Path) -> dict[str, int]:
 def test_checkpoint_files_and_folders_follow_the_umask(tmp_path: Path, mask: int) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from icsd_audit.train.checkpoint import save_checkpoint
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.run.checkpoint import save_checkpoint
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     model, tok = tiny_random_causal_lm(seed=0)
     with umask(mask):

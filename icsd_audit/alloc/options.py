@@ -1,63 +1,29 @@
-"""Allocator settings of an audit and the allocation of one batch of dump rows.
+"""The allocation of an audit's batches: one batch with its settings, and the one rule that lets a SDAR-vs-X
+comparison allocate once per batch.
 
-An audit recomputes what training deployed with the same allocator functions; this
-module holds the settings it applies (SPEC defaults) and the one rule that lets a
-SDAR-vs-X comparison allocate once per batch.
+An audit recomputes what training deployed with the same allocator functions and the same settings object.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields, replace
-from typing import Any, Iterable, Iterator, TypeVar
+from dataclasses import replace
+from typing import Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, Allocation, allocate,
-                                       check_settings, get_allocator)
+from icsd_audit.alloc.registry import get_allocator
+from icsd_audit.alloc.settings import AllocatorSettings
+from icsd_audit.alloc.variants import Allocation, allocate
 from icsd_audit.tokens import Tokens, Weights
 
-__all__ = ["AllocatorOptions", "RUN_FIELDS", "run_allocator_settings", "allocate_batch", "weight_pair", "weighted_batches",
-           "required_columns"]
+__all__ = ["AllocatorOptions", "allocate_batch", "weight_pair", "weighted_batches", "required_columns"]
 
 B = TypeVar("B")
 
 
-@dataclass(frozen=True)
-class AllocatorOptions:
-    """The allocator settings an audit applies (SPEC defaults; the keys of SPEC 9's ``allocator`` block)."""
-
-    allocator: str = "icsd"
-    trust: str = "laplace"
-    trust_beta: float = SIGMOID_BETA
-    trust_eta: float = TRUST_ETA
-    influence_eta: float = INFLUENCE_ETA
-    min_group: int = MIN_GROUP
-    eps: float = EPS
-    seed: int = 0
-
-    def __post_init__(self) -> None:  # before any dump is read, not at the first batch
-        check_settings(trust_beta=self.trust_beta, trust_eta=self.trust_eta, influence_eta=self.influence_eta,
-                       eps=self.eps, min_group=self.min_group)
-
-    def kwargs(self) -> dict[str, Any]:
-        return dict(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta, trust_eta=self.trust_eta,
-                    influence_eta=self.influence_eta, min_group=self.min_group, eps=self.eps, seed=self.seed)
-
-
-#: The run config's (``icsd train``'s ``TrainConfig``) field of each :class:`AllocatorOptions` field, where the
-#: names differ (``eps`` is a run's ``alloc_eps``, ``seed`` its ``alloc_seed``).
-RUN_FIELDS = {"eps": "alloc_eps", "seed": "alloc_seed"}
-
-
-def run_allocator_settings(cfg: Any) -> dict[str, Any]:
-    """Every allocator setting of a run config, under :class:`AllocatorOptions`' names (SPEC 9's keys).
-
-    The one list every engine takes its settings from (the built-in loop's dumps, TRL's
-    ``ICSDConfig``, the ``+icsd.*`` overrides of the verl command): a setting added to
-    :class:`AllocatorOptions` reaches all of them, or fails here on a config without it.
-    """
-    return {f.name: getattr(cfg, RUN_FIELDS.get(f.name, f.name)) for f in fields(AllocatorOptions)}
+#: the audit's name for the allocator settings (one object: :class:`~icsd_audit.alloc.settings.AllocatorSettings`)
+AllocatorOptions = AllocatorSettings
 
 
 def required_columns(*allocators: str) -> tuple[str, ...]:
@@ -67,7 +33,7 @@ def required_columns(*allocators: str) -> tuple[str, ...]:
 
 def allocate_batch(tokens: Tokens, opts: AllocatorOptions) -> Allocation:
     """Allocate one batch's tokens with ``opts`` (float64 on CPU for the reader's tokens)."""
-    return allocate(tokens, **opts.kwargs())
+    return allocate(tokens, opts)
 
 
 def weight_pair(tokens: Tokens, base: AllocatorOptions, compare: AllocatorOptions) -> tuple[Weights, np.ndarray]:

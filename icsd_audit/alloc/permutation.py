@@ -17,8 +17,10 @@ import torch
 from torch import Tensor
 
 from icsd_audit.alloc.segments import segment_sum
-from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, ValidTokens, _calibrated,
-                                      _token_tensors, get_trust, shuffle_pairs)
+from icsd_audit.alloc.layout import ValidTokens, token_tensors
+from icsd_audit.alloc.registry import get_trust
+from icsd_audit.alloc.scores import calibrated, shuffle_pairs
+from icsd_audit.alloc.settings import DEFAULTS, AllocatorSettings
 from icsd_audit.tokens import Tokens
 
 __all__ = ["permuted_coefficients"]
@@ -27,6 +29,7 @@ __all__ = ["permuted_coefficients"]
 def permuted_coefficients(
     tokens: Tokens | None = None,
     /,
+    settings: AllocatorSettings | None = None,
     *,
     seeds: Sequence[int],
     advantage: Tensor | None = None,
@@ -36,27 +39,23 @@ def permuted_coefficients(
     turn_id: Tensor | None = None,
     batch_id: Tensor | None = None,
     valid: Tensor | None = None,
-    trust: str = "laplace",
-    trust_eta: float = TRUST_ETA,
-    trust_beta: float = SIGMOID_BETA,
-    influence_eta: float = INFLUENCE_ETA,
-    eps: float = EPS,
-    min_group: int = MIN_GROUP,
 ) -> Tensor:
     """Coefficients c of the ``permuted`` allocator for every seed, shape (n_rows, len(seeds)).
 
     Tokens come as a :class:`~icsd_audit.tokens.Tokens` or as keyword arrays, as for
-    :func:`~icsd_audit.alloc.variants.allocate`.
+    :func:`~icsd_audit.alloc.variants.allocate`; ``settings`` fixes the trust and calibration (its
+    ``allocator`` and ``seed`` are not used: every column is a ``permuted`` allocation with its own seed).
     """
-    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = _token_tensors(
+    s = settings or DEFAULTS
+    advantage, ratio, delta, traj_id, turn_id, batch_id, valid = token_tensors(
         tokens, advantage=advantage, ratio=ratio, delta=delta, traj_id=traj_id, turn_id=turn_id, batch_id=batch_id,
         valid=valid)
     tok = ValidTokens.select(advantage, ratio, delta, traj_id, turn_id, batch_id, valid)
     a, r, d, lay = tok.advantage, tok.ratio, tok.delta, tok.layout
     p, device, dtype = len(seeds), a.device, a.dtype
-    g, _ = get_trust(trust)(d, lay, eta=trust_eta, beta=trust_beta, eps=eps, min_group=min_group)
+    g, _ = get_trust(s.trust)(d, lay, eta=s.trust_eta, beta=s.trust_beta, eps=s.eps, min_group=s.min_group)
     fallback = (a < 0) & (d < 0)
-    m0 = _calibrated(a * r * d, lay, eta=influence_eta, eps=eps, min_group=min_group).m
+    m0 = calibrated(a * r * d, lay, eta=s.influence_eta, eps=s.eps, min_group=s.min_group).m
 
     n = a.numel()
     m = m0.unsqueeze(0).repeat(p, 1)
@@ -69,7 +68,7 @@ def permuted_coefficients(
     ids = (torch.arange(p, device=device).unsqueeze(1) * lay.n_turns + lay.turn.unsqueeze(0)).reshape(-1)
     gm = torch.where(in_c.unsqueeze(0), g.unsqueeze(0) * m, zero)
     s_gm = segment_sum(gm.reshape(-1), ids, p * lay.n_turns).reshape(p, lay.n_turns)
-    matched = s_gm > eps
+    matched = s_gm > s.eps
     alpha = s_g.unsqueeze(0) / torch.where(matched, s_gm, torch.ones_like(s_gm))
     turn = lay.turn.unsqueeze(0).expand(p, n)
     # (g * m) * alpha: the multiplication order of allocate(), so columns agree bit for bit

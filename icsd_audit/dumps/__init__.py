@@ -5,7 +5,7 @@ any trainer can call, the synthetic generator and the recomputation of coefficie
   :class:`DumpReader` streaming one batch at a time, :func:`read_dumps`;
 - :mod:`~icsd_audit.dumps.writer` -- :class:`DumpWriter`, atomic shards;
 - :mod:`~icsd_audit.dumps.synth` -- GiGPO-like synthetic tokens, labelled synthetic;
-- :mod:`~icsd_audit.dumps.coeffs` -- ``icsd audit coeffs``: every input column plus g, u, m, c.
+- :mod:`~icsd_audit.audit.coeffs` -- ``icsd audit coeffs``: every input column plus g, u, m, c.
 
 The schema itself is ``data_schemas/token_dump.v1.json`` (installed as
 ``icsd_audit.data_schemas``).

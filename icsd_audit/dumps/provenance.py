@@ -122,27 +122,27 @@ def allocator_block(settings: Mapping[str, Any] | Any = None, /, **fields: Any) 
     return block
 
 
-def deployed_block(allocate_kwargs: Mapping[str, Any], /, *, alloc_scope: str | None, ratio_source: str | None,
+def deployed_block(settings: Any, /, *, alloc_scope: str | None, ratio_source: str | None,
                    **extra: Any) -> dict[str, Any]:
-    """The ``allocator`` block of a producer that calls ``allocate(**allocate_kwargs)``.
+    """The ``allocator`` block of a producer that allocates with ``settings``.
 
-    The settings ``allocate_kwargs`` leaves out are the ones
-    :func:`~icsd_audit.alloc.variants.allocate` then uses (its defaults: ``trust_beta``
-    5, ``trust_eta`` 0.4, ...), so the block says exactly what was deployed.
+    ``settings``: an :class:`~icsd_audit.alloc.settings.AllocatorSettings` (or a mapping of some of its keys, the
+    others then being its defaults), so the block says exactly what was deployed.
     ``alloc_scope`` / ``ratio_source`` say where the producer allocates and where
     its ratio comes from (:data:`ALLOC_SCOPES`, :data:`RATIO_SOURCES` or a sentence);
     ``extra`` are free keys (``lambda``, ...).  Imports torch (through the allocator).
     """
-    import inspect
+    from icsd_audit.alloc.settings import AllocatorSettings
 
-    from icsd_audit.alloc.variants import allocate
-
-    params = inspect.signature(allocate).parameters
-    unknown = sorted(set(allocate_kwargs) - set(params))
-    if unknown:
-        raise ValueError(f"allocate() takes no setting(s) {', '.join(map(repr, unknown))}")
-    settings = {k: allocate_kwargs.get(k, params[k].default) for k in COEFFICIENT_KEYS}
-    return allocator_block(settings, alloc_scope=alloc_scope, ratio_source=ratio_source, **extra)
+    if not isinstance(settings, AllocatorSettings):
+        if not isinstance(settings, Mapping):
+            raise TypeError(f"allocator settings must be AllocatorSettings or a mapping, got {type(settings).__name__}")
+        unknown = sorted(set(settings) - set(COEFFICIENT_KEYS))
+        if unknown:
+            raise ValueError(f"unknown allocator setting(s) {', '.join(map(repr, unknown))}")
+        settings = AllocatorSettings.from_mapping(settings)
+    values = {k: getattr(settings, k) for k in COEFFICIENT_KEYS}
+    return allocator_block(values, alloc_scope=alloc_scope, ratio_source=ratio_source, **extra)
 
 
 def producer_block(producer: Mapping[str, Any] | str | None = None, /, *, rank: int | None = None,
@@ -154,7 +154,7 @@ def producer_block(producer: Mapping[str, Any] | str | None = None, /, *, rank: 
     this package's unless given.  ``rank`` / ``world_size`` fill the keys the mapping
     leaves unset.  Non-finite numbers in free keys become ``None``.
     """
-    from icsd_audit import __version__
+    from icsd_audit.version import __version__
 
     given = {"name": producer} if isinstance(producer, str) else dict(producer or {})
     given.update(fields)

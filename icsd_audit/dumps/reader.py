@@ -6,14 +6,14 @@ reads only the ``batch_id`` column of every row group to learn which batches liv
 where, then yields batches in order of first appearance, re-reading a row group
 only when its batch spans several.  Every row group is validated when first read,
 so the first bad row of the first bad file is the one reported; a row group that
-cannot be decoded (a corrupt page) is reported the same way, as one line naming
-the file and its first row.
+cannot be decoded or whose page fails its checksum (:mod:`icsd_audit.parquet_io`) is
+one line naming the file, the column and the row group.
 
 The ``icsd.dump`` metadata of every file is checked when the reader opens it: a
 foreign schema, an unknown major version or a blob that is not a JSON object is
 refused; a file without the blob gets one warning (:class:`DumpWarning`), and so do
 files whose synthetic flags disagree (recorded allocator settings are compared by the
-audit that applies them, :mod:`icsd_audit.dumps.settings`).
+audit that applies them, :mod:`icsd_audit.audit.settings`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icsd_audit.data_schemas import load_schema
+from icsd_audit.parquet_io import CorruptRowGroup, open_file, read_row_group
 from icsd_audit.tokens import Tokens
 
 __all__ = ["DumpError", "DumpWarning", "TokenBatch", "DumpReader", "read_dumps", "prefetch", "resolve_paths",
@@ -194,7 +195,7 @@ def check_metadata(paths: Sequence[Path], metas: Sequence[dict | None]) -> None:
     """Warn once about files without provenance and about files whose synthetic flags disagree.
 
     Recorded allocator settings are compared where an audit applies them
-    (:mod:`icsd_audit.dumps.settings`): files that differ in a setting that changes
+    (:mod:`icsd_audit.audit.settings`): files that differ in a setting that changes
     coefficients are refused there, not pooled with a warning.
     """
     missing = [p for p, m in zip(paths, metas) if m is None]
@@ -298,7 +299,7 @@ class DumpReader:
         opened = []
         for path in resolve_paths(paths):
             try:
-                pf = pq.ParquetFile(path)
+                pf = open_file(path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
             _check_types(path, pf.schema_arrow, require)
@@ -483,12 +484,12 @@ def _drop_superseded(opened: list) -> list:
 
 
 def _read_group(pf: pq.ParquetFile, path: Path, index: int, columns: list[str] | None, file_offset: int) -> pa.Table:
-    """One row group; a page that cannot be decoded is a DumpError naming the file and the group's first row."""
+    """One row group; a page that fails its checksum or cannot be decoded is a DumpError naming the column."""
     try:
-        return pf.read_row_group(index, columns=columns)
-    except (pa.ArrowException, OSError, EOFError) as exc:
-        raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({_first_line(exc)})",
-                        row=file_offset) from None
+        return read_row_group(pf, index, columns)
+    except CorruptRowGroup as exc:
+        raise DumpError(path, f"corrupt data in row group {index}, which cannot be read ({exc.reason})",
+                        column=exc.column, row=file_offset) from None
 
 
 def _first_beyond_int64(pf: pq.ParquetFile, path: Path, name: str) -> tuple[int, int] | None:

@@ -4,7 +4,8 @@ The writer knows nothing of our training loop.  It takes torch tensors or numpy
 arrays, either flat per-token or padded ``(B, T)`` with a response mask (per-row
 ids of shape ``(B,)`` are broadcast), sorts rows by (batch, trajectory, turn,
 position) and writes one zstd shard per call through a temporary file and a rename,
-so a crash never leaves a half-written shard where a reader would find it.
+so a crash never leaves a half-written shard where a reader would find it. Every page
+carries a checksum (:mod:`icsd_audit.parquet_io`).
 
 A shard never replaces an existing file: it is published with a hard link, which
 fails when the name is taken (then the next sequence number is tried).  Names are
@@ -37,10 +38,10 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from icsd_audit.dumps.provenance import allocator_block, json_safe, producer_block
 from icsd_audit.dumps.reader import METADATA_KEY
+from icsd_audit.parquet_io import write_table
 
 __all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
@@ -98,8 +99,8 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     os.chmod(tmp, 0o666 & ~umask)
     try:
         try:
-            pq.write_table(table, tmp, row_group_size=row_group_size, compression=compression,
-                           use_dictionary=dictionary_columns(table.schema))
+            write_table(table, tmp, row_group_size=row_group_size, compression=compression,
+                        use_dictionary=dictionary_columns(table.schema))
         except OSError as exc:  # a full disk: name the shard asked for, not the temporary (removed below)
             from icsd_audit.outputs import write_failed
 
@@ -284,7 +285,7 @@ class StepCommit:
         A committed step of the same name (a resumed run redoing it) is replaced: swapped
         out atomically where the file system allows, then removed.
         """
-        from icsd_audit.outputs import _exchange, staging_dir
+        from icsd_audit.outputs import exchange_paths, staging_dir
 
         self.writer._stage = None
         if not any(self.staged.iterdir()):
@@ -296,7 +297,7 @@ class StepCommit:
         if not self.target.is_dir() or self.target.is_symlink():
             raise FileExistsError(errno.EEXIST, "exists and is not a step folder this writer committed",
                                   str(self.target))
-        if _exchange(self.staged, self.target):
+        if exchange_paths(self.staged, self.target):
             shutil.rmtree(self.staged, ignore_errors=True)  # it now holds the replaced step
         else:  # no atomic exchange here: the old step leaves first, for a moment neither is there
             old = staging_dir(self.target, "old")

@@ -32,6 +32,7 @@ __all__ = [
     "parse_action",
     "step_info",
     "make_env",
+    "success_rule",
     "ENV_NAMES",
 ]
 
@@ -70,3 +71,12 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
 
         return AlfWorldEnv(**kwargs)
     raise ValueError(f"unknown environment {name!r}; available: {', '.join(ENV_NAMES)}")
+
+
+def success_rule(name: str) -> str:
+    """What a won episode of environment ``name`` is, in words (each environment package says it)."""
+    import importlib
+
+    if name not in ENV_NAMES:
+        return "was won by the environment's own rule"
+    return str(importlib.import_module(f"icsd_audit.envs.{name}").SUCCESS_RULE)

@@ -10,7 +10,7 @@ chain and gold answers), so it plays only the built-in environments:
   needs ``expert=True``);
 * ``searchqa``: :mod:`.searchqa.expert` (oracle searches, then the gold answer).
 
-The trainer's :class:`icsd_audit.train.policy.ExpertPolicy` plays them through the
+The trainer's :class:`icsd_audit.train.rollout.policy.ExpertPolicy` plays them through the
 same prompts, parser, validity rule and rewards as a model.
 """
 

@@ -121,7 +121,7 @@ def shift_response_mask(input_ids: Tensor, response_mask: Tensor) -> tuple[Tenso
     return targets, pos
 
 
-def _find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The ModuleList of decoder blocks (``...layers`` / ``...h`` / ``...blocks``), longest first."""
     best: tuple[str, nn.ModuleList] | None = None
     for name, mod in model.named_modules():
@@ -151,7 +151,7 @@ def auto_layers(model: nn.Module) -> list[str]:
     the sketch is then the gradient with respect to the frozen base weight, the same
     direction a full fine-tune would take).  Raises when the last block holds none of them.
     """
-    blocks_name, blocks = _find_decoder_layers(model)
+    blocks_name, blocks = find_decoder_layers(model)
     last = f"{blocks_name}.{len(blocks) - 1}"
     names: list[str] = []
     for sub, mod in blocks[len(blocks) - 1].named_modules():

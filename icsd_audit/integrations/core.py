@@ -34,14 +34,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 import hashlib
+import math
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import (EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA, AllocationDiagnostics,
-                                       allocate)
+from icsd_audit.alloc.settings import DEFAULTS, SETTING_NAMES, AllocatorSettings
+from icsd_audit.alloc.variants import AllocationDiagnostics, allocate
 from icsd_audit.integrations.checks import TrajNames, check_mask, check_values
 
 __all__ = [
@@ -176,14 +177,8 @@ def allocate_padded(
     batch_id: int = 0,
     dedupe: bool = True,
     traj_names: TrajNames | None = None,
-    allocator: str = "icsd",
-    trust: str = "laplace",
-    trust_beta: float = SIGMOID_BETA,
-    trust_eta: float = TRUST_ETA,
-    influence_eta: float = INFLUENCE_ETA,
-    eps: float = EPS,
-    min_group: int = MIN_GROUP,
-    seed: int = 0,
+    settings: AllocatorSettings = DEFAULTS,
+    **overrides: Any,
 ) -> PaddedAllocation:
     """Allocate one actor mini-batch held as padded ``[B, T]`` tensors.
 
@@ -191,7 +186,8 @@ def allocate_padded(
     ``[B, T]`` (``ratio`` may be a scalar 1.0 on a step's first mini-batch).
     ``traj_id`` is ``[B]`` integers.  ``turn_id`` is ``[B]`` (one turn per row) or ``[B, T]``;
     without it the runs of 1s of ``response_mask`` number the turns (plus
-    ``turn_offset``).  The allocator settings are :func:`allocate`'s.  A shape that fits
+    ``turn_offset``).  ``settings`` fix the allocator (SPEC defaults); ``overrides`` (``allocator="sdar"``, ...)
+    replace single settings.  A shape that fits
     neither the mask nor its rows, or a value that is not finite on a valid token, is a
     one-line :class:`~icsd_audit.integrations.checks.BatchInputError` naming the argument,
     the row and, with ``traj_names``, the user's own trajectory id.
@@ -233,9 +229,7 @@ def allocate_padded(
         return v.float().double()
 
     out = allocate(advantage=pick("advantage"), ratio=pick("ratio"), delta=pick("delta"), traj_id=tr, turn_id=tu,
-                   batch_id=torch.full_like(rows, int(batch_id)), allocator=allocator, trust=trust,
-                   trust_beta=trust_beta, trust_eta=trust_eta, influence_eta=influence_eta, eps=eps,
-                   min_group=min_group, seed=seed)
+                   batch_id=torch.full_like(rows, int(batch_id)), settings=settings.replace(**overrides))
     copies = torch.nonzero(dup >= 0).flatten().to(dev)
     originals = dup.to(dev)[copies]
 
@@ -277,57 +271,43 @@ def mini_batch_ids(n_rows: int, *, mini_batch_rows: int, dp_size: int = 1) -> np
 
 
 @dataclass(frozen=True)
-class AllocationSettings:
-    """The allocation settings every engine integration takes (SPEC defaults); engines add their own fields.
+class AllocationSettings(AllocatorSettings):
+    """The allocator settings plus the distillation weight: what every engine integration takes (engines add
+    their own fields). Being an :class:`~icsd_audit.alloc.settings.AllocatorSettings`, it is passed to the
+    allocator as it is."""
 
-    ``distill_coef`` plus every field of :class:`~icsd_audit.alloc.options.AllocatorOptions`
-    (the settings SPEC 9's ``allocator`` block records; a test keeps the two lists equal).
-    """
-
-    #: lambda, the distillation weight (paper: 0.01).
     distill_coef: float = 0.01
-    #: allocator name: ``icsd`` (default), ``sdar``, ``opsd`` or an ablation variant.
-    allocator: str = "icsd"
-    #: base trust map: ``laplace`` (paper), ``sigmoid`` (SDAR's code) or ``uniform``.
-    trust: str = "laplace"
-    #: slope of the ``sigmoid`` trust (SDAR's ``gate_beta``).
-    trust_beta: float = SIGMOID_BETA
-    #: split parameter of the Laplace trust map (paper: 0.4).
-    trust_eta: float = TRUST_ETA
-    #: split parameter of the calibrated influence map (paper: 0.5).
-    influence_eta: float = INFLUENCE_ETA
-    #: minimum calibration-group size before falling back to batch statistics.
-    min_group: int = MIN_GROUP
-    #: scale floor, degenerate-turn threshold and TCM's |u| threshold.
-    eps: float = EPS
-    #: seed of the ``permuted`` control.
-    seed: int = 0
+    """lambda, the distillation weight (paper: 0.01)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self.distill_coef
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 0):
+            raise ValueError(f"distill_coef must be a finite number >= 0, got {c!r}")
 
     @classmethod
     def from_run(cls, cfg: Any, **extra: Any) -> "AllocationSettings":
-        """The settings of an ``icsd train`` run config (lambda as deployed: 0 for allocator ``none``)."""
-        from icsd_audit.alloc.options import run_allocator_settings
+        """Every allocator setting of an ``icsd train`` run config (``TrainConfig.allocation``, the one list every
+        engine takes its settings from) and lambda as deployed; ``extra``: an engine's own fields."""
+        return cls(**cfg.allocation().to_dict(), distill_coef=cfg.effective_distill_coef, **extra)
 
-        return cls(distill_coef=cfg.effective_distill_coef, **run_allocator_settings(cfg), **extra)
-
-    def allocator_kwargs(self) -> dict[str, Any]:
-        """The keywords of :func:`~icsd_audit.alloc.variants.allocate` these settings fix (every field but lambda)."""
-        return {f: getattr(self, f) for f in AllocationSettings.__dataclass_fields__ if f != "distill_coef"}
+    def allocator_settings(self) -> AllocatorSettings:
+        """The allocator's eight settings alone (what the audit recomputes with)."""
+        return AllocatorSettings(**{k: getattr(self, k) for k in SETTING_NAMES})
 
     def allocator_block(self, *, alloc_scope: str | None, ratio_source: str | None) -> dict[str, Any]:
         """The SPEC 9 ``allocator`` block an engine writes into each dump shard with these settings.
 
         ``alloc_scope`` (``mini-batch``, ``micro-batch``, ``global``) and ``ratio_source``
-        (``prepass``, ``own-forward``, ``fixed-1`` or a sentence) are the engine's; the
-        settings :meth:`allocator_kwargs` leaves to ``allocate`` are its defaults.
+        (``prepass``, ``own-forward``, ``fixed-1`` or a sentence) are the engine's.
         """
         from icsd_audit.dumps.provenance import deployed_block
 
-        return deployed_block(self.allocator_kwargs(), alloc_scope=alloc_scope, ratio_source=ratio_source,
+        return deployed_block(self.allocator_settings(), alloc_scope=alloc_scope, ratio_source=ratio_source,
                               **{"lambda": self.distill_coef})
 
 
-def tcm_sums(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> tuple[float, float]:
+def tcm_sums(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = DEFAULTS.eps) -> tuple[float, float]:
     """(numerator, denominator) of SPEC 6's TCM of weights ``w`` over the masked tokens.
 
     Sums pool across mini-batches, so a step's TCM is ``sum num / sum den``.
@@ -336,7 +316,7 @@ def tcm_sums(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-
     return float(w[sel & (u < 0)].sum()), float(w[sel].sum())
 
 
-def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) -> float:
+def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = DEFAULTS.eps) -> float:
     """SPEC 6 TCM of weights ``w`` over the masked tokens (NaN when no token qualifies): a training-time point
     estimate; ``icsd audit tcm`` gives the same number on the dumps, with bootstrap intervals."""
     num, den = tcm_sums(w, u, delta, mask, eps)
@@ -347,7 +327,7 @@ def tcm(w: Tensor, u: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4) ->
 _REGIONS = ("pos_delta_pos_adv", "pos_delta_neg_adv", "neg_delta_pos_adv", "neg_delta_neg_adv", "neutral")
 
 
-def mechanism_sums(a: PaddedAllocation, advantage: Tensor, delta: Tensor, mask: Tensor, eps: float = 1e-4
+def mechanism_sums(a: PaddedAllocation, advantage: Tensor, delta: Tensor, mask: Tensor, eps: float = DEFAULTS.eps
                    ) -> dict[str, float]:
     """Sums behind a step's mechanism metrics (:func:`mechanism_metrics`); they pool across mini-batches by addition.
 

@@ -1,10 +1,10 @@
 """``icsd train --engine builtin|trl|verl``: one run config, three engines.
 
 * ``builtin`` -- :func:`icsd_audit.train.loop.train` (multi-turn, our rollouts).
-* ``trl`` -- :class:`~icsd_audit.integrations.trl.ICSDGRPOTrainer` on the same model,
+* ``trl`` -- :class:`~icsd_audit.integrations.trl.trainer.ICSDGRPOTrainer` on the same model,
   allocator, lambda, seed, learning rate, step count, group size and tasks per step
   (the built-in loop's draw), with whole multi-turn episodes from
-  :class:`~icsd_audit.integrations.trl_rollout.EpisodeRollout` as TRL's ``rollout_func``:
+  :class:`~icsd_audit.integrations.trl.rollout.EpisodeRollout` as TRL's ``rollout_func``:
   one TRL row per episode (first student prompt; replies and observations as one
   conversation, observations masked out), turns judged and rewards shaped by the built-in
   loop's code.  TRL runs GRPO: the advantage is per episode, and ``adv_estimator='gigpo'``
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from icsd_audit.integrations.verl_env import AGENT_LOOP_NAME as AGENT_LOOP
+from icsd_audit.integrations.verl.env import AGENT_LOOP_NAME as AGENT_LOOP
 from icsd_audit.outputs import GracefulStop, Stopped
 
 __all__ = ["ENGINES", "AGENT_LOOP", "EngineUnavailable", "CommandStopped", "verl_overrides", "write_verl_command",
@@ -50,10 +50,6 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
     :func:`~.verl_env.export_model` puts ``embedded`` / ``tiny-random``) and
     ``agent_loop_config`` verl's agent-loop file (default ``<out_dir>/agent_loops.yaml``).
     """
-    import dataclasses
-
-    from icsd_audit.integrations.core import AllocationSettings
-
     out = Path(cfg.out_dir)
     data = str(data_dir) if data_dir is not None else str(out / "data")
     if model_path is None:
@@ -76,6 +72,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"data.max_response_length={cfg.max_prompt_tokens}",
         f"actor_rollout_ref.model.path={model_path}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio={cfg.lr_warmup_steps_ratio}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.shuffle=false",
@@ -102,9 +99,11 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
         f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
         f"trainer.experiment_name={out.name}",
-        # every allocator setting, from the one list (AllocationSettings: lambda + AllocatorOptions' fields)
-        *(f"+icsd.{k}={v}" for k, v in dataclasses.asdict(AllocationSettings.from_run(cfg)).items()),
-        f"+icsd.skillbank={cfg.skillbank_name}", f"+icsd.skill_mode={cfg.skill_mode}",
+        # every allocator setting, from the one list (TrainConfig.allocation: AllocatorSettings' fields), and lambda
+        f"+icsd.distill_coef={cfg.effective_distill_coef}",
+        *(f"+icsd.{k}={cfg.allocator if k == 'allocator' else v}" for k, v in cfg.allocation().to_dict().items()),
+        f"+icsd.skillbank={cfg.skillbank_name}",
+        f"+icsd.skill_mode={cfg.teacher_skill_mode}",  # skill_bank_mode='general': the general block only
         f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
 
@@ -212,7 +211,7 @@ def prepare_verl(cfg: Any, *, n_gpus: int) -> Path:
     ``embedded`` / ``tiny-random`` (:func:`~.verl_env.export_model`), ``agent_loops.yaml`` and
     ``verl_command.sh``.
     """
-    from icsd_audit.integrations.verl_env import export_model, write_agent_loop_config, write_verl_data
+    from icsd_audit.integrations.verl.env import export_model, write_agent_loop_config, write_verl_data
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +231,7 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, over
     folder follows the built-in loop's rule: one run per folder, ``overwrite`` moves an
     earlier one aside.
     """
-    from icsd_audit.train.rundir import check_run_folder, open_run_folder
+    from icsd_audit.train.run.folder import check_run_folder, open_run_folder
 
     if cfg.lora_enabled or cfg.init:  # the command would silently train the full model from --model
         raise EngineUnavailable("icsd train --engine verl does not pass --lora / --init to verl; set verl's "
@@ -365,13 +364,13 @@ def _trl_policy(cfg: Any, dev: Any) -> tuple[Any, Any, Any]:
     TRL the adapter model itself: TRL then copies the adapter into a frozen ``ref`` adapter
     and scores its reference with it, the initial policy as on the built-in loop.
     """
-    from icsd_audit.train.loop import load_policy
+    from icsd_audit.train.models.loading import load_policy
 
     if not cfg.lora_enabled:
         model, tok = load_policy(cfg.init_path or cfg.model, device=dev, seed=cfg.seed,
                                  trust_remote_code=cfg.trust_remote_code)
         return model, tok, None
-    from icsd_audit.train import lora as lo
+    from icsd_audit.train.models import lora as lo
 
     init_adapter = cfg.init_path if cfg.init is not None and lo.is_adapter_dir(str(cfg.init_path)) else None
     if init_adapter is not None:
@@ -390,22 +389,22 @@ def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv
     Checks in this order, before anything is written: TRL installed; the estimator (TRL runs
     GRPO: a preset's ``gigpo`` becomes ``grpo`` with one line on stderr, an explicit
     ``adv_explicit`` one stops with one line); the run folder and the checkpoint a ``resume``
-    continues from (:func:`~icsd_audit.train.resume.plan_run`, the built-in loop's rules:
+    continues from (:func:`~icsd_audit.train.run.resume.plan_run`, the built-in loop's rules:
     one run per folder, ``overwrite`` moves an old run aside). Then, holding the folder's lock:
     ``config.json``, ``metrics.jsonl``, ``checkpoints/`` and ``dumps/`` as the built-in loop
     writes them, each step committed whole, with its progress lines on ``reporter``
     (:mod:`.trl_run`). ``resume`` (``True``: the newest complete checkpoint; or a checkpoint
     folder) continues a run: the steps after the checkpoint are redone, their dumps and
     metrics replaced. SIGTERM and SIGINT stop it as they stop the built-in loop: the step in
-    progress publishes nothing and :class:`~icsd_audit.train.resume.TrainingStopped` (exit
+    progress publishes nothing and :class:`~icsd_audit.train.run.resume.TrainingStopped` (exit
     code 143 / 130) says what is complete and how to continue. Returns the run folder.
     """
     import contextlib
     import importlib.util
 
-    from icsd_audit.train.checkpoint import latest_checkpoint
-    from icsd_audit.train.metrics import NullReporter
-    from icsd_audit.train.resume import Progress, TrainingStopped, plan_run
+    from icsd_audit.train.run.checkpoint import latest_checkpoint
+    from icsd_audit.train.run.metrics import NullReporter
+    from icsd_audit.train.run.resume import Progress, TrainingStopped, plan_run
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
@@ -449,23 +448,26 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
     import datasets
     from trl import GRPOConfig, GRPOTrainer
 
-    from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer
-    from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
+    from icsd_audit.integrations.trl.trainer import ICSDConfig, ICSDGRPOTrainer
+    from icsd_audit.integrations.trl.rollout import EpisodeRollout, episode_reward
     from icsd_audit.runs.recorder import manifest_callback
     from icsd_audit.runs.trackers import hf_report_to
-    from icsd_audit.train.loop import _default_env_factory, draw_tasks, load_policy, resolve_precision
-    from icsd_audit.train.models import resolve_device, set_threads
-    from icsd_audit.train.rundir import drop_steps_from, open_run_folder
-    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
-    from icsd_audit.train.skills import load_skillbank
-    from icsd_audit.train.teacher import skill_retriever
+    from icsd_audit.train.loop import draw_tasks
+    from icsd_audit.train.setup import env_factory as make_env_factory
+    from icsd_audit.train.models.loading import load_policy, resolve_precision
+    from icsd_audit.train.models.loading import resolve_device, set_threads
+    from icsd_audit.train.run.folder import drop_steps_from, open_run_folder
+    from icsd_audit.train.update.schedule import warmup_steps
+    from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, turn_context
+    from icsd_audit.train.teacher.skills import load_skillbank
+    from icsd_audit.train.teacher.self_teacher import skill_retriever
 
     out, start = Path(cfg.out_dir), plan.start
     set_threads(cfg.threads)  # as the built-in loop: the idle cores unless told (shared cores, docs/models.md)
     dev = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, dev)
     model, tok, peft_config = _trl_policy(cfg, dev)
-    factory = _default_env_factory(cfg)
+    factory = make_env_factory(cfg)
     probe = factory(cfg.train_split)
     builder = PromptBuilder.from_config(tok, cfg)
     # step s plays the built-in loop's tasks of step s: the dataset lists them in order and TRL does not
@@ -481,7 +483,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                                temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
                                precision=precision, invalid_rule=cfg.invalid_rule)
-    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
+    teacher_skill = (skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.teacher_skill_mode,
                                      skill_match=cfg.skill_match) if cfg.distill_enabled else None)
     rollout = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.train_split),
                              settings=settings, invalid_penalty=cfg.invalid_penalty, tasks=tasks,
@@ -492,7 +494,9 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                       num_generations=cfg.group_size, max_completion_length=cfg.max_prompt_tokens + cfg.max_response_tokens,
                       max_steps=steps, learning_rate=cfg.lr, weight_decay=cfg.weight_decay,
                       max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.clip_ratio,
-                      lr_scheduler_type="constant",  # the built-in loop's AdamW has no schedule
+                      # the built-in loop's schedule (.train.schedule): HF's constant_with_warmup has verl's factor
+                      lr_scheduler_type="constant_with_warmup",
+                      warmup_steps=warmup_steps(cfg.total_steps, cfg.lr_warmup_steps_ratio),
                       temperature=cfg.temperature, scale_rewards="group" if cfg.norm_adv_by_std else "none",
                       shuffle_dataset=False, seed=cfg.seed, use_cpu=dev.type == "cpu",
                       bf16=precision == "bf16-mixed", gradient_checkpointing=cfg.recompute_activations,
@@ -530,7 +534,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
         trainer = GRPOTrainer(**common)
     from transformers import PrinterCallback, ProgressCallback
 
-    from icsd_audit.integrations.trl_run import run_folder_callback
+    from icsd_audit.integrations.trl.run import run_folder_callback
 
     for cb in (PrinterCallback, ProgressCallback):  # TRL's raw dicts and bars: the reporter prints instead
         trainer.remove_callback(cb)
@@ -571,7 +575,7 @@ def _load_checkpoint_weights(model: Any, ckpt: Path, *, cfg: Any, device: Any) -
 
         set_peft_model_state_dict(model, load_peft_weights(str(ckpt), device=str(device)), adapter_name="default")
         return
-    from icsd_audit.train.loop import load_policy
+    from icsd_audit.train.models.loading import load_policy
 
     saved, _ = load_policy(str(ckpt), device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     model.load_state_dict(saved.state_dict())

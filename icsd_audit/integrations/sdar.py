@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icsd_audit.alloc.variants import EPS, INFLUENCE_ETA, MIN_GROUP, SIGMOID_BETA, TRUST_ETA
+from icsd_audit.alloc.settings import DEFAULTS, AllocatorSettings
 from icsd_audit.integrations.checks import TrajNames, check_mask, check_row_ids, check_turn_ids, check_values
 from icsd_audit.integrations.core import (C_KEY, PaddedAllocation, allocate_padded, distillation_loss, mini_batch_ids,
                                           stable_traj_id, write_dump)
@@ -106,10 +106,9 @@ class DataProtoAllocation:
 
 
 def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, step: int = 0,
-                       writer: Any = None, allocator: str = "icsd", trust: str = "laplace",
-                       trust_beta: float = SIGMOID_BETA, trust_eta: float = TRUST_ETA,
-                       influence_eta: float = INFLUENCE_ETA, min_group: int = MIN_GROUP, eps: float = EPS, seed: int = 0,
-                       teacher_key: str = SDAR_TEACHER_KEY, student_key: str = "old_log_probs") -> DataProtoAllocation:
+                       writer: Any = None, settings: AllocatorSettings | None = None,
+                       teacher_key: str = SDAR_TEACHER_KEY, student_key: str = "old_log_probs",
+                       **overrides: Any) -> DataProtoAllocation:
     """Allocate a verl-agent ``DataProto`` per global actor mini-batch and store ``c`` in it.
 
     **Mutates** ``batch``: sets ``batch.batch[C_KEY]`` (float32 ``[B, T]``, ``c`` on valid
@@ -120,8 +119,8 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
     ``mini_batch_rows`` is the global mini-batch in rows (verl-agent: ``ppo_mini_batch_size
     * rollout.n``; ``None``: the whole batch is one mini-batch), ``dp_size`` the number of
     data-parallel ranks the actor update runs on: any row count verl's ``split`` accepts
-    per rank, a short last mini-batch included (:func:`~.core.mini_batch_ids`).  The
-    allocator settings are :func:`~icsd_audit.alloc.variants.allocate`'s.  ``batch_id``
+    per rank, a short last mini-batch included (:func:`~.core.mini_batch_ids`).  ``settings``
+    (default SPEC's) fix the allocator; ``overrides`` (``allocator="sdar"``, ...) replace single settings.  ``batch_id``
     of mini-batch ``k`` of ``step`` is ``step * 1000 + k`` (as our trainer); with
     ``writer`` each mini-batch becomes one dump shard.
 
@@ -152,8 +151,7 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
           else mini_batch_ids(B, mini_batch_rows=int(mini_batch_rows), dp_size=int(dp_size)))
     traj = torch.as_tensor([stable_traj_id(u) for u in uids.tolist()], dtype=torch.long, device=mask.device)
     delta = (teacher - student).float()
-    settings = dict(allocator=allocator, trust=trust, trust_beta=trust_beta, trust_eta=trust_eta,
-                    influence_eta=influence_eta, min_group=min_group, eps=eps, seed=seed)
+    settings = (settings or DEFAULTS).replace(**overrides)
     c = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     parts, shards = [], []
     provenance = None
@@ -168,7 +166,7 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
         bid = int(step) * 1000 + int(k)
         a = allocate_padded(advantage=adv[sl], ratio=1.0, delta=delta[sl], response_mask=mask[sl], traj_id=traj[sl],
                             turn_id=turn[sl], batch_id=bid, traj_names=TrajNames("traj_uid", uids[sl.cpu().numpy()]),
-                            **settings)
+                            settings=settings)
         c[sl] = a.c.to(c.device, torch.float32)
         parts.append(a)
         if writer is not None:
@@ -214,7 +212,7 @@ def teacher_pass(batch: Any, actor_rollout_wg: Any, tokenizer: Any, bank: Any, *
     from verl import DataProto
     from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 
-    from icsd_audit.integrations.verl_trainer import privileged_prompts
+    from icsd_audit.integrations.verl.trainer import privileged_prompts
 
     td = batch.batch
     prompts, responses, att = td["prompts"], td["responses"], td["attention_mask"]

@@ -26,13 +26,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from icsd_audit import __version__
+from icsd_audit.version import __version__
 from icsd_audit.alloc.options import required_columns, weighted_batches
-from icsd_audit.grads.cosines import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
+from icsd_audit.audit.gradcos import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 from icsd_audit.stats.budget import check_resources
+from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = [
     "ReportOptions",
@@ -80,15 +81,16 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
         "synthetic": synthetic,
         "icsd_version": __version__,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "audit": {"base": opts.allocator(opts.base).kwargs(), "compare": opts.allocator(opts.compare).kwargs()},
+        "audit": {"base": opts.allocator(opts.base).to_dict(), "compare": opts.allocator(opts.compare).to_dict()},
     }
 
 
+@single_threaded_maths
 def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None, *, workers: int = 1) -> AuditReport:
     """Stream the dumps once (after a light first pass for the landscape's ranks) and compute every statistic.
 
     First pass: delta and advantage only, for the landscape's exact mid-rank edges
-    (:func:`icsd_audit.stats.run.landscape_ranks`).  Then per batch: allocate (base and
+    (:func:`icsd_audit.audit.run.landscape_ranks`).  Then per batch: allocate (base and
     compare), feed the pooled accumulator (TCM, quadrants, shift, clip), the landscape
     (per ``env`` when that column exists), the per-step TCM (when a ``step`` column holds
     two or more steps) and, when a dense ``grad`` column exists, the gradient cosines.
@@ -101,10 +103,10 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     ``ReportOptions.deployed(*audit_settings(paths, trust=...).pair())`` overrides some.
     """
     from icsd_audit.stats.bootstrap import bootstrap_ratio_families
-    from icsd_audit.stats.run import landscape_ranks
+    from icsd_audit.audit.run import landscape_ranks
 
     if options is None:  # SDAR against what the dumps record as deployed
-        from icsd_audit.dumps.settings import audit_settings
+        from icsd_audit.audit.settings import audit_settings
 
         options = ReportOptions.deployed(*audit_settings(paths).pair())
     opts = options

@@ -13,14 +13,15 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
 
-__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "html_table",
-           "page_css", "terminal_lines"]
+__all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "md_text",
+           "html_table", "page_css", "terminal_lines"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
@@ -228,10 +229,30 @@ def _headline(report: AuditReport) -> str:
             f"{_signed(t.diff, 1)} points ({100 * o.confidence_level:g} % action-turn bootstrap CI).")
 
 
+#: Markdown-active characters escaped with a backslash wherever they stand (see :func:`md_text`).
+_MD_ACTIVE = re.compile(r"([\\`*$~|#!{}])")
+#: ``_`` that could open or close emphasis (not between two word characters), ``]`` that could close a link.
+_MD_EDGE = re.compile(r"(?<!\w)_|_(?!\w)|\](?=[(\[:])")
+
+
+def md_text(text: object) -> str:
+    """``text`` as inert Markdown: what the HTML page does with ``html.escape``, for ``summary.md``.
+
+    ``&`` and ``<`` become entities (no raw HTML, no autolink), and so does a ``>`` that
+    starts the text (a quote); elsewhere ``>`` is inert once no ``<`` can open a tag. The
+    characters that start code, emphasis, maths, strikethrough or a table cell get a
+    backslash, and so do an ``_`` at a word's edge and a ``]`` that could close a link or
+    image (``](``, ``][``, ``]:``), so every run label, path, environment or metric name
+    reads as written. Formatted numbers and prose stay as they are: ``0.8 [0.3, 1.3]``,
+    ``pos_delta_neg_adv``, ``delta > 0``.
+    """
+    s = re.sub(r"^(\s*)>", r"\1&gt;", str(text).replace("&", "&amp;").replace("<", "&lt;"))
+    return _MD_EDGE.sub(lambda m: "\\" + m.group(0), _MD_ACTIVE.sub(r"\\\1", s))
+
+
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = (lambda x: str(x).replace("|", "\\|"))
-    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    lines = ["| " + " | ".join(map(md_text, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(md_text, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -242,20 +263,20 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
     if report.provenance.get("synthetic") not in (False,):
         parts += [f"> **Synthetic or unlabelled data** ({_synthetic_words(report)}): "
                   "these numbers describe the generator, not a training run.", ""]
-    parts += [_headline(report), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
+    parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
     for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
         if not sec_tables and section not in figures:
             if section in report.omitted:
-                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {report.omitted[section]}.*", ""]
+                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
             continue
         parts += [f"## {_TITLES.get(section, 'Summary' if section == 'summary' else 'Clipping exposure')}", ""]
         if section in figures:
             parts += [f"![{section}](figures/{section}.png)", "", f"*{CAPTIONS[section]}*", ""]
         for t in sec_tables:
-            parts += [f"**{t.title}**", "", _md_table(t.headers, t.rows), ""]
+            parts += [f"**{md_text(t.title)}**", "", _md_table(t.headers, t.rows), ""]
             if t.note:
-                parts += [t.note, ""]
+                parts += [md_text(t.note), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -268,8 +289,9 @@ h1 { font-size: 1.6rem; margin-bottom: .2rem; } h2 { font-size: 1.2rem; margin-t
 .headline { font-size: 1.05rem; }
 .warn { background: #fff4d6; border-left: 4px solid #E69F00; padding: .5rem .8rem; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; display: block; }
-figcaption { font-size: .88rem; color: #444; margin-top: .3rem; }
-table { border-collapse: collapse; font-size: .86rem; margin: .5rem 0 1rem; }
+figcaption { font-size: .88rem; color: #444; margin-top: .3rem; overflow-wrap: anywhere; }
+.table-wrap { max-width: 100%; overflow-x: auto; margin: .5rem 0 1rem; }
+table { border-collapse: collapse; font-size: .86rem; }
 th, td { border-bottom: 1px solid #e3e3e3; padding: .25rem .6rem; text-align: left; vertical-align: top; }
 th { background: #f5f5f5; white-space: nowrap; } td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.text { overflow-wrap: anywhere; }
@@ -286,7 +308,9 @@ def _html_table(t_title: str, headers: Sequence[str], rows: Sequence[Sequence[st
     head = "".join(f"<th scope=\"col\">{e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td class=\"{cls}\">{e(str(c))}</td>" if i else f"<td>{e(str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    out = f"<table><caption>{e(t_title)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    # a narrow window scrolls the table inside its box instead of widening the whole page
+    out = (f"<div class=\"table-wrap\"><table><caption>{e(t_title)}</caption><thead><tr>{head}</tr></thead>"
+           f"<tbody>{body}</tbody></table></div>")
     return out + (f"<p class=\"note\">{e(note)}</p>" if note else "")
 
 
@@ -322,7 +346,7 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
         if section in figures:
             data = base64.b64encode(figures[section]).decode("ascii")
             body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{e(title)} figure\">"
-                        f"<figcaption>{e(CAPTIONS[section])}</figcaption></figure>")
+                        f"<figcaption><strong>{e(title)}.</strong> {e(CAPTIONS[section])}</figcaption></figure>")
         body += [_html_table(t.title, t.headers, t.rows, t.note) for t in sec_tables]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"

@@ -10,8 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.alloc.options import AllocatorOptions
-from icsd_audit.grads.cosines import GradcosSummary
+from icsd_audit.audit.gradcos import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
 
 __all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
@@ -54,12 +55,12 @@ class ReportOptions:
 
     base: str = "sdar"
     compare: str = "icsd"
-    trust: str = "laplace"
-    trust_beta: float = 5.0
-    trust_eta: float = 0.4
-    influence_eta: float = 0.5
-    min_group: int = 8
-    eps: float = 1e-4
+    trust: str = DEFAULTS.trust
+    trust_beta: float = DEFAULTS.trust_beta
+    trust_eta: float = DEFAULTS.trust_eta
+    influence_eta: float = DEFAULTS.influence_eta
+    min_group: int = DEFAULTS.min_group
+    eps: float = DEFAULTS.eps
     seed: int = 0
     #: seed of the ``permuted`` allocator on either side (``None``: ``seed``, which also seeds the bootstraps)
     alloc_seed: int | None = None
@@ -73,25 +74,22 @@ class ReportOptions:
     jackknife_blocks: int = 8
 
     def __post_init__(self) -> None:
-        # fail before streaming gigabytes, not at the bootstrap after it
-        from icsd_audit.alloc.variants import allocator_names, trust_names
-
+        # fail before streaming gigabytes, not at the bootstrap after it; the allocator settings are checked by
+        # the one object that holds them
         for side in ("base", "compare"):
-            if getattr(self, side) not in allocator_names():
-                raise ValueError(f"{side}: unknown allocator {getattr(self, side)!r}; valid: {', '.join(allocator_names())}")
+            try:
+                self.allocator(getattr(self, side))
+            except ValueError as e:
+                raise ValueError(f"{side}: {e}") from None
         if self.base == self.compare:
             raise ValueError(f"base and compare must differ, both are {self.base!r}")
-        if self.trust not in trust_names():
-            raise ValueError(f"trust: unknown {self.trust!r}; valid: {', '.join(trust_names())}")
         if not 0 < self.confidence_level < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence_level}")
-        for name in ("n_resamples", "grid", "n_bins", "min_group"):
+        for name in ("n_resamples", "grid", "n_bins"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.permutations < 0:
             raise ValueError(f"permutations must be >= 0, got {self.permutations}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps}")
         from icsd_audit.stats.budget import LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid
 
         check_grid(self.grid)
@@ -106,7 +104,7 @@ class ReportOptions:
 
     @classmethod
     def deployed(cls, base: AllocatorOptions, compare: AllocatorOptions, **options: Any) -> "ReportOptions":
-        """Report options for the pair of :meth:`~icsd_audit.dumps.settings.AuditSettings.pair` (the two share
+        """Report options for the pair of :meth:`~icsd_audit.audit.settings.AuditSettings.pair` (the two share
         every setting); ``options``: the other fields (``n_resamples``, ``seed``, ...)."""
         return cls(base=base.allocator, compare=compare.allocator, trust=compare.trust, trust_beta=compare.trust_beta,
                    trust_eta=compare.trust_eta, influence_eta=compare.influence_eta, min_group=compare.min_group,

@@ -192,7 +192,7 @@ def deployed_settings(run: Run, folder: Path) -> Any:
     import warnings
 
     from icsd_audit.dumps.reader import DumpWarning
-    from icsd_audit.dumps.settings import audit_settings
+    from icsd_audit.audit.settings import audit_settings
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -218,7 +218,7 @@ def dump_series(run: Run, *, progress: Any = None) -> dict[str, Series]:
     per step (statistics pooled over a step's mini-batches, SPEC 6).  Empty when the run has
     no dumps (e.g. allocator none).
     """
-    from icsd_audit.stats.run import AuditRequest, run_audit
+    from icsd_audit.audit.run import AuditRequest, run_audit
 
     folder = Path(run.path) / "dumps"
     if not folder.is_dir() or not any(folder.rglob("*.parquet")) or (run.config or {}).get("allocator") == "none":

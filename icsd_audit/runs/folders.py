@@ -10,7 +10,9 @@ was not logged at that step; a key present with ``null`` was logged as a non-fin
 number (the writer turns NaN and infinities into null).  :class:`Series` keeps the two
 apart, because SPEC 10's scores refuse non-finite values but skip unlogged steps.
 Evaluation records from ``eval.jsonl`` fill in ``eval/...`` keys when ``metrics.jsonl``
-has none (an engine that logs evaluations only there).
+has none (an engine that logs evaluations only there). Both are read line by line within
+a size limit per line, keeping only the keys asked for (:mod:`.jsonl`); a ``step`` that
+is not a finite integer is refused naming the file and line.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from icsd_audit.runs.jsonl import MAX_LINE_BYTES, RunError, read_records
 
 __all__ = ["Run", "Series", "RunError", "find_runs", "load_run", "load_runs", "is_run_folder", "RUN_MARKERS"]
 
@@ -31,10 +34,6 @@ __all__ = ["Run", "Series", "RunError", "find_runs", "load_run", "load_runs", "i
 RUN_MARKERS = ("run.json", "metrics.jsonl", "config.json")
 #: Sub-folders of a run folder that never hold runs (not walked).
 _NOT_RUNS = {"dumps", "checkpoints", "tensorboard", "mlflow", "wandb", "trl", "__pycache__"}
-
-
-class RunError(ValueError):
-    """A run folder that cannot be read: one line naming the file (and line) and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -143,55 +142,40 @@ def _walk(root: Path) -> list[Path]:
 def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
+    if path.stat().st_size > MAX_LINE_BYTES:
+        raise RunError(f"{path}: larger than {MAX_LINE_BYTES // 2**20} MiB (MAX_LINE_BYTES), not a run's settings")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
     except ValueError as exc:
         raise RunError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RunError(f"{path}: JSON nested deeper than can be read") from None
     if not isinstance(data, dict):
         raise RunError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The JSONL records; a torn last line (a crash mid-write) is dropped, any other bad line is an error."""
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines()
+def _eval_records(path: Path, keep: Callable[[str], bool] | None) -> list[tuple[int, dict[str, Any]]]:
+    """``eval.jsonl`` records as ``eval/...`` keys (subsets flattened as ``eval/subsets/NAME``), with line numbers."""
     out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            if i == len(lines) - 1:
-                break
-            raise RunError(f"{path}: line {i + 1} is not valid JSON") from None
-        if not isinstance(rec, dict):
-            raise RunError(f"{path}: line {i + 1} is not a JSON object")
-        out.append(rec)
-    return out
-
-
-def _eval_records(path: Path) -> list[dict[str, Any]]:
-    """``eval.jsonl`` records as ``eval/...`` keys (subsets flattened as ``eval/subsets/NAME``)."""
-    out = []
-    for rec in _records(path):
+    for number, rec in read_records(path)[0]:
         if "step" not in rec:
             continue
+        if _step(rec["step"]) is None:
+            raise RunError(f"{path}: line {number} has no integer 'step' (found {_shown(rec['step'])})")
         flat: dict[str, Any] = {"step": rec["step"]}
         for k, v in rec.items():
             if k == "subsets" and isinstance(v, Mapping):
                 flat.update({f"eval/subsets/{g}": x for g, x in v.items()})
             elif k not in ("step", "split", "subset_tasks"):
                 flat[f"eval/{k}"] = v
-        out.append(flat)
+        out.append((number, {k: v for k, v in flat.items() if k == "step" or keep is None or keep(k)}))
     return out
 
 
 _ABSENT = object()
-#: Files at least this large are read with polars (below it, json per line is as fast as polars' import).
-_FAST_MIN_BYTES = 1 << 20
 
 
 def _number(v: Any) -> float | None:
@@ -202,22 +186,45 @@ def _number(v: Any) -> float | None:
         return math.nan
     if isinstance(v, bool):
         return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
+    if isinstance(v, float):
+        return v
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:  # beyond float64: not a finite number
+            return math.nan
     return None
 
 
-def _columns(records: Sequence[Mapping[str, Any]], source: Path, wanted: Callable[[str], bool] | None
+def _step(value: Any) -> int | None:
+    """A record's ``step`` as an int64-sized integer, or None (absent, not a number, NaN, infinite, fractional)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and -2**63 <= value < 2**63 else None
+
+
+def _shown(value: Any) -> str:
+    """A bad ``step`` value for a message: a number as written (NaN, Infinity, 1e+30), else its JSON type."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = json.dumps(value) if isinstance(value, float) else str(value)
+        return text if len(text) <= 24 else text[:20] + "..."
+    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null"}[type(value)]
+
+
+def _columns(records: Sequence[tuple[int, Mapping[str, Any]]], source: Path, wanted: Callable[[str], bool] | None
              ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
     by_step: dict[int, dict[str, Any]] = {}
-    for i, rec in enumerate(records):
-        step = rec.get("step")
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
-            raise RunError(f"{source}: record {i + 1} has no integer 'step'")
-        if int(step) in by_step:
-            by_step[int(step)] = {**by_step[int(step)], **rec}  # a step logged twice: its later record wins
+    for number, rec in records:
+        step = _step(rec.get("step"))
+        if step is None:
+            shown = _shown(rec["step"]) if "step" in rec else "none"
+            raise RunError(f"{source}: line {number} has no integer 'step' (found {shown})")
+        if step in by_step:
+            by_step[step] = {**by_step[step], **rec}  # a step logged twice: its later record wins
         else:
-            by_step[int(step)] = rec  # type: ignore[assignment]
+            by_step[step] = rec  # type: ignore[assignment]
     steps = np.array(sorted(by_step), dtype=np.int64)
     rows = [by_step[s] for s in steps.tolist()]
     keys = set().union(*rows) - {"step"} if rows else set()
@@ -235,53 +242,6 @@ def _columns(records: Sequence[Mapping[str, Any]], source: Path, wanted: Callabl
     return steps, values, logged
 
 
-def _fast_columns(path: Path, wanted: Callable[[str], bool] | None
-                  ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-    """:func:`_columns` through polars' NDJSON reader (5x faster than ``json`` per line), or None.
-
-    None (the caller takes the line-by-line path, which explains any problem) when the file
-    is absent or is not clean NDJSON with one record per step and a type per key, or when
-    it holds no ``eval/`` key beside an ``eval.jsonl`` (merged on that path).  polars
-    reads an absent key and a ``null`` alike; a null of a kept key is told apart by looking
-    for ``"key": null`` on its line (the writer turns non-finite numbers into null).
-    """
-    if not path.is_file() or path.stat().st_size < _FAST_MIN_BYTES:
-        return None  # small files: the line-by-line path is as fast and spares importing polars
-    import polars as pl
-
-    text = path.read_text()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return None
-    try:
-        df = pl.read_ndjson(text.encode(), infer_schema_length=None)
-    except Exception:  # any parse or type problem: the careful path reports it  # noqa: BLE001
-        return None
-    if df.height != len(lines) or "step" not in df.columns:
-        return None
-    if not any(c.startswith("eval/") for c in df.columns) and (path.parent / "eval.jsonl").is_file():
-        return None
-    step = df.get_column("step")
-    if not step.dtype.is_integer() or step.null_count() or step.n_unique() != df.height:
-        return None
-    order = np.argsort(step.to_numpy(), kind="stable")
-    values: dict[str, np.ndarray] = {}
-    logged: dict[str, np.ndarray] = {}
-    for k in sorted(df.columns):
-        col = df.get_column(k)
-        if k == "step" or (wanted is not None and not wanted(k)):
-            continue
-        if not (col.dtype.is_numeric() or col.dtype in (pl.Boolean, pl.Null)):
-            continue  # text, lists, objects: not a metric (as on the careful path)
-        present = col.is_not_null().to_numpy()
-        if not present.all():
-            null = re.compile(r'"' + re.escape(k) + r'"\s*:\s*null')
-            present = present | np.array([bool(null.search(ln)) for ln in lines])
-        values[k] = col.cast(pl.Float64).to_numpy()[order]  # null -> NaN
-        logged[k] = present[order]
-    return np.sort(step.to_numpy()).astype(np.int64), values, logged
-
-
 def load_run(path: str | Path, *, name: str | None = None, keys: Callable[[str], bool] | None = None) -> Run:
     """Read one run folder (``RunError`` / ``OSError`` on unreadable files).
 
@@ -293,14 +253,10 @@ def load_run(path: str | Path, *, name: str | None = None, keys: Callable[[str],
     manifest = _read_json(p / "run.json")
     if config is None and manifest is not None and isinstance(manifest.get("config"), dict):
         config = manifest["config"]
-    fast = _fast_columns(p / "metrics.jsonl", keys)
-    if fast is not None:
-        steps, cols, logged = fast
-    else:
-        recs = _records(p / "metrics.jsonl")
-        if not any(k.startswith("eval/") for r in recs for k in r):
-            recs = recs + _eval_records(p / "eval.jsonl")
-        steps, cols, logged = _columns(recs, p / "metrics.jsonl", keys)
+    recs, saw_eval = read_records(p / "metrics.jsonl", keep=keys)
+    if not saw_eval:
+        recs = recs + _eval_records(p / "eval.jsonl", keys)
+    steps, cols, logged = _columns(recs, p / "metrics.jsonl", keys)
     return Run(path=p, name=name or str(p), config=config, manifest=manifest, steps=steps, columns=cols, logged=logged)
 
 

@@ -112,7 +112,7 @@ class RunManifest:
 
     ``start()`` at the beginning, ``step(completed)`` after each step, ``finish()`` at the
     end (``status="finished"``; other statuses, e.g. ``"failed"``, are free text).  The
-    config must be JSON-able (a :class:`~icsd_audit.train.config.TrainConfig` ``to_dict()``).
+    config must be JSON-able (a :class:`~icsd_audit.train.config.fields.TrainConfig` ``to_dict()``).
     """
 
     def __init__(self, folder: str | Path, *, config: Mapping[str, Any], engine: str,

@@ -20,7 +20,7 @@ __all__ = ["RunRecorder", "record_run", "manifest_callback"]
 
 
 class RunRecorder:
-    """A reporter (``icsd_audit.train.metrics.Reporter``) that records the run, then forwards to ``inner``."""
+    """A reporter (``icsd_audit.train.run.metrics.Reporter``) that records the run, then forwards to ``inner``."""
 
     def __init__(self, inner: Any, manifest: RunManifest, trackers: Trackers) -> None:
         self.inner, self.manifest, self.trackers = inner, manifest, trackers

@@ -23,7 +23,7 @@ from icsd_audit.runs.estimates import STATISTICS
 from icsd_audit.stats.bootstrap import BootstrapResult
 
 __all__ = ["Table", "comparison_tables", "comparison_payload", "render_markdown", "render_html", "write_comparison",
-           "comparison_owns", "FIGURES", "fmt_ci", "footer"]
+           "comparison_owns", "FIGURES", "fmt_ci", "footer", "figure_title"]
 
 @dataclass(frozen=True)
 class Table:
@@ -102,14 +102,14 @@ def comparison_payload(c: Comparison, curves: Sequence[Any] = ()) -> dict[str, A
 
 
 def render_markdown(c: Comparison, figures: Sequence[str] = ()) -> str:
-    from icsd_audit.report.render import md_table
+    from icsd_audit.report.render import md_table, md_text
 
-    parts = ["# icsd compare", "", footer(c), ""]
+    parts = ["# icsd compare", "", md_text(footer(c)), ""]
     for t in comparison_tables(c):
-        parts += [f"**{t.title}**", "", md_table(t.headers, t.rows), ""]
+        parts += [f"**{md_text(t.title)}**", "", md_table(t.headers, t.rows), ""]
     for name in figures:
         parts += [f"![{name}](figures/{name}.png)", ""]
-    parts += _left_out_lines(c, lambda s: s)
+    parts += _left_out_lines(c, md_text)
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -125,13 +125,22 @@ def _left_out_lines(c: Comparison, esc: Any) -> list[str]:
 _CAPTIONS = {
     "curves": "Per training step: mean over each group's runs, band = percentile bootstrap interval of that mean "
               "over runs (none where a group has one run).",
-    "mechanism": "Mechanism trajectory: per-step TCM and sign-region shares of the deployed coefficients c, mean over "
-                 "runs with bootstrap band.",
+    "mechanism": "Per-step TCM and sign-region shares of the deployed coefficients c, mean over runs with bootstrap "
+                 "band.",
 }
+_TITLES = {"curves": "Learning curve", "mechanism": "Mechanism trajectory"}
 
 
-def render_html(c: Comparison, figures: Mapping[str, bytes]) -> str:
-    """One self-contained page: tables, figures inline, notes and what was left out."""
+def figure_title(name: str, key: str | None = None) -> str:
+    """What a reader calls figure ``name`` (a file stem such as ``curves-2``): its kind, and the metric it draws."""
+    title = _TITLES.get(name.split("-")[0], "Figure")
+    return f"{title} of {key}" if key else title
+
+
+def render_html(c: Comparison, figures: Mapping[str, bytes], *, keys: Mapping[str, str] | None = None) -> str:
+    """One self-contained page: tables, figures inline, notes and what was left out.
+
+    ``keys``: the metric each learning-curve figure draws (figure name -> key), named in its caption."""
     from icsd_audit.report.render import CSP, html_table, page_css
 
     e = html.escape
@@ -140,9 +149,10 @@ def render_html(c: Comparison, figures: Mapping[str, bytes]) -> str:
         body.append(html_table(t.title, t.headers, t.rows))
     for name, png in figures.items():
         data = base64.b64encode(png).decode("ascii")
-        stem = name.split("-")[0]
-        body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{e(name)} figure\">"
-                    f"<figcaption>{e(_CAPTIONS.get(stem, name))} ({e(name)})</figcaption></figure>")
+        title = figure_title(name, (keys or {}).get(name))
+        body.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{e(title)}\">"
+                    f"<figcaption><strong>{e(title)}.</strong> {e(_CAPTIONS.get(name.split('-')[0], ''))}"
+                    "</figcaption></figure>")
     if c.notes:
         body += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{e(n)}</li>" for n in c.notes) + "</ul>"]
     if c.excluded:
@@ -170,8 +180,11 @@ def write_comparison(out: str | Path, c: Comparison, curves: Sequence[Any] = (),
     figs: dict[str, Any] = {}
     keys = list(dict.fromkeys(cv.key for cv in curves))
     plain = [k for k in keys if k not in MECHANISM_PANELS and k not in MECHANISM_KEYS]
+    drawn: dict[str, str] = {}  # figure name -> the metric it draws
     for i, key in enumerate(plain):
-        figs["curves" if i == 0 else f"curves-{i + 1}"] = curves_figure(curves, key, labels=c.labels)
+        name = "curves" if i == 0 else f"curves-{i + 1}"
+        drawn[name] = key
+        figs[name] = curves_figure(curves, key, labels=c.labels)
     if any(cv.key in MECHANISM_PANELS for cv in curves):
         figs["mechanism"] = mechanism_figure(curves, labels=c.labels)
     files: dict[str, bytes] = {}
@@ -182,5 +195,5 @@ def write_comparison(out: str | Path, c: Comparison, curves: Sequence[Any] = (),
         files[f"figures/{name}.pdf"] = render(fig, "pdf")
     files["comparison.json"] = (json.dumps(comparison_payload(c, curves), indent=2, allow_nan=False) + "\n").encode()
     files["summary.md"] = render_markdown(c, list(pngs)).encode()
-    files["report.html"] = render_html(c, pngs).encode()
+    files["report.html"] = render_html(c, pngs, keys=drawn).encode()
     return publish_directory(out, files, owned=comparison_owns)

@@ -9,7 +9,7 @@ and the landscape, with action-turn bootstrap intervals.
   engine (:mod:`~icsd_audit.stats.blas` pins BLAS threads);
 - :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
 - :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
-- :mod:`~icsd_audit.stats.run` -- streaming dumps through the allocator into the accumulators
+- :mod:`~icsd_audit.audit.run` -- streaming dumps through the allocator into the accumulators
   (the I/O side: the only module here that reads files).
 
 Everything but ``run`` imports only numpy (and scipy).

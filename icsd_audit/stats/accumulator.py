@@ -97,7 +97,7 @@ class AuditAccumulator:
         advantage * ratio * delta in float64; ``group`` is the per-token key of ``by``
         (required when the accumulator has ``by``).
         """
-        _check_weight_names(weights, self.base_name, self.compare_name)
+        check_weight_names(weights, self.base_name, self.compare_name)
         delta, advantage, ratio = tokens.delta, tokens.advantage, tokens.ratio
         traj_id, turn_id, batch_id, valid, u = tokens.traj_id, tokens.turn_id, tokens.batch_id, tokens.valid, tokens.u
         base, compare = weights.base, weights.compare
@@ -411,7 +411,7 @@ class AuditAccumulator:
         return meta
 
 
-def _check_weight_names(weights: Weights, base_name: str, compare_name: str) -> None:
+def check_weight_names(weights: Weights, base_name: str, compare_name: str) -> None:
     if (weights.base_name, weights.compare_name) != (base_name, compare_name):
         raise ValueError(f"weights are labelled ({weights.base_name}, {weights.compare_name}) but the accumulator "
                          f"compares ({base_name}, {compare_name})")

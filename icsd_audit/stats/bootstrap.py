@@ -201,7 +201,7 @@ def _as_matrix(x: Any, what: str) -> np.ndarray:
 
 
 def _summarize_block(flat: np.ndarray, est: np.ndarray, alpha: float) -> tuple[np.ndarray, ...]:
-    """:func:`_summarize` for a (R, M) block of columns (float64)."""
+    """:func:`summarize_bootstrap` for a (R, M) block of columns (float64)."""
     r, m = flat.shape
     cols = np.arange(m)
     finite = np.isfinite(flat)
@@ -232,7 +232,7 @@ def _summarize_block(flat: np.ndarray, est: np.ndarray, alpha: float) -> tuple[n
     return low, high, se, n_valid
 
 
-def _summarize(reps: np.ndarray, estimate: np.ndarray, confidence_level: float) -> tuple[np.ndarray, ...]:
+def summarize_bootstrap(reps: np.ndarray, estimate: np.ndarray, confidence_level: float) -> tuple[np.ndarray, ...]:
     """Percentile interval, bootstrap standard error and defined-resample counts.
 
     ``reps`` has the resamples along axis 0; columns are summarized in blocks so a
@@ -482,7 +482,7 @@ def bootstrap_ratio_families(
     keep = [bool(keep_replicates)] * len(preps) if isinstance(keep_replicates, (bool, np.bool_)) else list(keep_replicates)
     out = []
     for p, rep, kept in zip(preps, reps, keep):
-        low, high, se, n_valid = _summarize(rep, p.estimate, confidence_level)
+        low, high, se, n_valid = summarize_bootstrap(rep, p.estimate, confidence_level)
         out.append(RatioBootstrapResult(
             estimate=p.estimate, ci_low=low, ci_high=high, standard_error=se, n_valid=n_valid, names=p.names,
             groups=p.gvalues, n_resamples=n_resamples, confidence_level=confidence_level, unit=unit,
@@ -569,7 +569,7 @@ def batch_bootstrap_mean(
     cnt = np.bincount((idx + (np.arange(n_resamples) * nb)[:, None]).ravel(), minlength=n_resamples * nb)
     reps = (cnt.reshape(n_resamples, nb).astype(np.float64) @ v) / nb
     est = v.mean(axis=0)
-    low, high, se, _ = _summarize(reps, est, confidence_level)
+    low, high, se, _ = summarize_bootstrap(reps, est, confidence_level)
     out = [
         BootstrapResult(float(est[i]), float(low[i]), float(high[i]), float(se[i]), n_resamples, confidence_level, "percentile", "batch")
         for i in range(v.shape[1])

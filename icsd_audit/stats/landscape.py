@@ -34,9 +34,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from icsd_audit.stats.accumulator import _check_weight_names
+from icsd_audit.stats.accumulator import check_weight_names
 from icsd_audit.stats.bootstrap import (
-    BootstrapResult, RatioBootstrapResult, RatioFamily, _summarize, bootstrap_ratio_families,
+    BootstrapResult, RatioBootstrapResult, RatioFamily, summarize_bootstrap, bootstrap_ratio_families,
 )
 from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
@@ -317,7 +317,7 @@ class LandscapeAccumulator:
 
     def add(self, tokens: Tokens, weights: Weights, *, env: Any = None) -> None:
         """Add the tokens of one or more batches and their weightings (``env`` for all batches or none)."""
-        _check_weight_names(weights, self.base_name, self.compare_name)
+        check_weight_names(weights, self.base_name, self.compare_name)
         d = as_numpy(tokens.delta, "delta")
         n = d.shape[0]
         a = as_numpy(tokens.advantage, "advantage", n)
@@ -509,7 +509,7 @@ def _regions(raw: RatioBootstrapResult, env_of_turn: np.ndarray, region_tokens: 
                 e3 = np.array([est[gi, mb] / est[gi, ts], est[gi, mc] / est[gi, ts], est[gi, mc] / est[gi, mb]])
             rep = np.where(np.isfinite(rep), rep, np.nan)
             e3 = np.where(np.isfinite(e3), e3, np.nan)
-            low, high, se, _ = _summarize(rep, e3, cl)
+            low, high, se, _ = summarize_bootstrap(rep, e3, cl)
             br = [BootstrapResult(float(e3[i]), float(low[i]), float(high[i]), float(se[i]), raw.n_resamples,
                                   float(cl), "percentile", "action-turn") for i in range(3)]
             regs[name] = RegionMultiplier(region=name, n_tokens=int(region_tokens[keys[int(gval)]][j]),

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult
 
 __all__ = [
@@ -23,7 +24,8 @@ __all__ = [
     "tcm_undefined_reason",
 ]
 
-EPS = 1e-4
+#: TCM's |u| threshold: the allocator's eps (SPEC 6 "eps = 1e-4 unless given")
+EPS = DEFAULTS.eps
 CLIP_EPS = 0.2
 DUAL_CLIP = 3.0
 N_SHIFT_BINS = 5

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from icsd_audit.envs import TextEnv
-from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
+from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, collect_rollouts
 
 __all__ = ["EvalResult", "evaluate", "evaluate_config", "group_success", "group_counts"]
 
@@ -52,7 +52,7 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
              invalid_rule: str = "format", policy: Any = None) -> EvalResult:
     """Roll the policy out once on each of the first ``n_tasks`` held-out instructions.
 
-    ``policy``: who writes the replies (:mod:`icsd_audit.train.policy`); None: ``model`` samples them.
+    ``policy``: who writes the replies (:mod:`icsd_audit.train.rollout.policy`); None: ``model`` samples them.
     """
     t0 = time.perf_counter()
     probe = make_env()
@@ -77,7 +77,7 @@ def evaluate(*, model: Any, tokenizer: Any, builder: PromptBuilder, make_env: Ca
 
 
 def evaluate_config(cfg: Any) -> EvalResult:
-    """``icsd eval``: a :class:`~icsd_audit.train.config.TrainConfig`'s policy on its held-out tasks.
+    """``icsd eval``: a :class:`~icsd_audit.train.config.fields.TrainConfig`'s policy on its held-out tasks.
 
     The policy is ``cfg.model`` (sampled at ``eval_temperature``) or, with
     ``cfg.policy == "expert"``, each environment's expert (no weights loaded: only the
@@ -86,9 +86,10 @@ def evaluate_config(cfg: Any) -> EvalResult:
     ``student_skills`` 'eval' or 'both' the student's prompt holds the retrieved skill
     (the Skill-Prompt* baseline), placed as ``skill_placement`` says.
     """
-    from icsd_audit.train.loop import _default_env_factory, load_policy, resolve_precision
-    from icsd_audit.train.models import resolve_device, set_threads
-    from icsd_audit.train.policy import ExpertPolicy, policy_tokenizer
+    from icsd_audit.train.setup import env_factory as make_env_factory
+    from icsd_audit.train.models.loading import load_policy, resolve_precision
+    from icsd_audit.train.models.loading import resolve_device, set_threads
+    from icsd_audit.train.rollout.policy import ExpertPolicy, policy_tokenizer
 
     cfg.validate()
     set_threads(cfg.threads)
@@ -99,7 +100,7 @@ def evaluate_config(cfg: Any) -> EvalResult:
     else:
         init = cfg.init_path
         if init is not None:  # an adapter over its base (icsd eval --adapter), or a full model folder
-            from icsd_audit.train.lora import is_adapter_dir, load_adapter
+            from icsd_audit.train.models.lora import is_adapter_dir, load_adapter
 
             model, tok = load_policy(cfg.model if is_adapter_dir(init) else init, device=dev, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code)
@@ -110,13 +111,13 @@ def evaluate_config(cfg: Any) -> EvalResult:
         policy = None
     skill = None
     if cfg.student_skills in ("eval", "both"):
-        from icsd_audit.train.skills import load_skillbank
-        from icsd_audit.train.teacher import skill_retriever
+        from icsd_audit.train.teacher.skills import load_skillbank
+        from icsd_audit.train.teacher.self_teacher import skill_retriever
 
         skill = skill_retriever(load_skillbank(cfg.skillbank_name), skill_mode=cfg.skill_mode,
                                 skill_match=cfg.skill_match)
     builder = PromptBuilder.from_config(tok, cfg, student_skill=skill)
-    factory = _default_env_factory(cfg)
+    factory = make_env_factory(cfg)
     return evaluate(model=model, tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.eval_split),
                     n_tasks=cfg.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                     temperature=cfg.eval_temperature, require_think=cfg.require_think,

@@ -43,12 +43,8 @@ loop; the loop body only calls what was looked up.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import json
 import logging
-import os
-import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,33 +54,34 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from icsd_audit.envs import TextEnv, make_env
 from icsd_audit.runs.recorder import record_run
-from icsd_audit.train.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
-from icsd_audit.train.actor import Actor, StepData, make_distillation
-from icsd_audit.train.advantages import get_estimator
+from icsd_audit.train.models.loading import resolve_device, resolve_precision, set_threads
+from icsd_audit.train.update.actor import Actor, StepData, make_distillation
+from icsd_audit.train.update.advantages import get_estimator
 from icsd_audit.outputs import GracefulStop, Stopped
-from icsd_audit.train.checkpoint import checkpoint_dir, latest_checkpoint, save_checkpoint, set_rng_state
+from icsd_audit.threads import choose_threads
+from icsd_audit.train.run.checkpoint import latest_checkpoint, save_checkpoint, set_rng_state
 from icsd_audit.train.config import TrainConfig
 from icsd_audit.train.eval import evaluate
-from icsd_audit.train.hybrid import make_hybrid
-from icsd_audit.train.logprobs import score_rows, split_rows
-from icsd_audit.train.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
-from icsd_audit.train.metrics import MetricsLog, NullReporter, Reporter, step_tcm
-from icsd_audit.train.resume import Plan, Progress, TrainingStopped, check_services, plan_run
-from icsd_audit.train.rundir import drop_steps_from, held_run, open_run_folder
-from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
-from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
-from icsd_audit.train.skills import load_skillbank
-from icsd_audit.train.teacher import make_teacher, skill_retriever
+from icsd_audit.train.update.hybrid import make_hybrid
+from icsd_audit.train.models.memory import HEAP_LIMIT, OptimizerSpill, map_large_allocations, release_freed_memory
+from icsd_audit.train.run.metrics import MetricsLog, NullReporter, Reporter, step_tcm
+from icsd_audit.train.run.resume import (Plan, Progress, TrainingStopped, check_services, nothing_to_run, plan_run,
+                                         restore_optimizer)
+from icsd_audit.train.run.folder import drop_steps_from, held_run, open_run_folder
+from icsd_audit.train.rollout.collect import PromptBuilder, RolloutBatch, RolloutSettings, collect_rollouts
+from icsd_audit.train.rollout.sampling import draw_tasks, seed_step
+from icsd_audit.train.update.schedule import warmup_lr
+from icsd_audit.train.update.sketching import dump_sketch_metadata, make_sketcher
+from icsd_audit.train.teacher.skills import load_skillbank
+from icsd_audit.train.setup import EnvFactory, build_models
+from icsd_audit.train.setup import env_factory as default_env_factory
+from icsd_audit.train.teacher.self_teacher import make_teacher, skill_retriever
 
-__all__ = ["train", "TrainResult", "TrainingStopped", "load_policy", "seed_step", "draw_tasks", "resolve_precision",
-           "EnvFactory", "check_services"]
+__all__ = ["train", "TrainResult", "TrainingStopped", "seed_step", "draw_tasks", "check_services"]
 
 _log = logging.getLogger(__name__)
 
-#: ``env_factory(split)`` -> a fresh environment instance for that split.
-EnvFactory = Callable[[str], TextEnv]
 _ALLOC_KEYS = ("fallback_share", "degenerate_turns", "groups_batch_stats", "groups_fixed_map", "c_over_g",
                "delta_mean", "delta_pos_share", "prepass_skipped", "alloc_ratio_gap",
                "alloc_ratio_gap_skipped")
@@ -109,59 +106,6 @@ class TrainResult:
 # --------------------------------------------------------------------------------------
 
 
-def seed_step(seed: int, step: int) -> None:
-    """Reseed Python, NumPy and torch (CPU and CUDA) from (seed, step)."""
-    s = (int(seed) * 1_000_003 + int(step) * 7919 + 17) % (2**31 - 1)
-    random.seed(s)
-    np.random.seed(s)
-    torch.manual_seed(s)
-
-
-def draw_tasks(seed: int, step: int, num_tasks: int, n: int) -> list[int]:
-    """The step's task indices: distinct when the split has enough tasks."""
-    rng = np.random.default_rng([int(seed), int(step)])
-    return [int(t) for t in rng.choice(num_tasks, size=n, replace=n > num_tasks)]
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16-mixed" if device.type == "cuda" else "float32"
-    return precision
-
-
-def load_policy(model: str, *, device: torch.device, seed: int = 0,
-                trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) in float32: a local folder, the embedded SmolLM2, or 'tiny-random'.
-
-    Code shipped in a model folder runs only with ``trust_remote_code=True``.
-    """
-    t0 = time.perf_counter()
-    if model == "tiny-random":
-        m, tok = tiny_random_causal_lm(seed=seed)
-        m = m.to(device)
-    else:
-        lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
-        m, tok = lm.model, lm.tokenizer
-    n = sum(p.numel() for p in m.parameters())
-    size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
-    _log.info("loaded model %s (%s parameters) in %.1f s", model, size, time.perf_counter() - t0)
-    return m, tok
-
-
-def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
-    def factory(split: str) -> TextEnv:
-        kwargs: dict[str, Any] = {"split": split, "max_steps": cfg.max_turns, "seed": cfg.seed}
-        if cfg.env_url and cfg.env == "webshop":
-            kwargs["num_goals"] = cfg.server_num_goals
-        if cfg.env == "searchqa":
-            kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
-                          retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol)
-        if cfg.env == "alfworld":
-            kwargs["data"] = cfg.alfworld_data
-            kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert
-        return make_env(cfg.env, url=cfg.env_url, **kwargs)
-
-    return factory
 
 
 class _Phases:
@@ -193,65 +137,6 @@ class _Phases:
         return tick
 
 
-class _Reference:
-    """The frozen initial policy's log-probs (k3 KL target).
-
-    Resident (``model`` given): one copy kept all run. Otherwise ``load()`` reads the
-    initial weights from their source for each pass and they are freed after it: the
-    same float32 weights, so the same numbers, without a model's worth of memory
-    sitting idle through the rollout, the teacher and the actor update.
-    """
-
-    def __init__(self, model: Any | None, load: Callable[[], Any], **kw: Any):
-        self.model, self.load, self.kw = model, load, kw
-
-    def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> list[torch.Tensor]:
-        model = self.model if self.model is not None else self.load()
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
-        out = score_rows(model, prompts, responses, split_rows(order, micro_batch_rows), **self.kw)
-        del model
-        return [out[i] for i in range(len(prompts))]
-
-
-def _frozen_loader(model: str, *, device: torch.device, seed: int, trust_remote_code: bool = False) -> Callable[[], Any]:
-    """A loader of the initial weights as a frozen eval-mode model, without progress bars."""
-
-    def load() -> Any:
-        from transformers.utils import logging as hf_logging
-
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            m = load_policy(model, device=device, seed=seed, trust_remote_code=trust_remote_code)[0]
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
-        return m.eval().requires_grad_(False)
-
-    return load
-
-
-class _AdapterReference:
-    """LoRA: the initial policy is the policy's own weights with the adapter switched off
-    (a fresh adapter) or switched to the frozen initial adapter (a run started from one)."""
-
-    def __init__(self, model: Any, has_reference_adapter: bool, **kw: Any):
-        self.model, self.has_reference_adapter, self.kw = model, has_reference_adapter, kw
-
-    def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> list[torch.Tensor]:
-        from icsd_audit.train.lora import reference_scope
-
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
-        with reference_scope(self.model, self.has_reference_adapter) as model:
-            out = score_rows(model, prompts, responses, split_rows(order, micro_batch_rows), **self.kw)
-        return [out[i] for i in range(len(prompts))]
-
-
-class _NoReference:
-    def score(self, prompts: list[list[int]], responses: list[list[int]], micro_batch_rows: int) -> None:
-        return None
-
-
 #: Estimator name -> its keyword options from the config.
 ADV_OPTIONS: dict[str, Callable[[TrainConfig], dict[str, Any]]] = {
     "grpo": lambda c: {"norm_adv_by_std_in_grpo": c.norm_adv_by_std, "invalid_penalty": c.invalid_penalty},
@@ -262,63 +147,6 @@ ADV_OPTIONS: dict[str, Callable[[TrainConfig], dict[str, Any]]] = {
 
 def _rollout_old_logp(step: int, data: StepData) -> list[torch.Tensor]:
     return data.old_logp
-
-
-@dataclass
-class _Models:
-    policy: Any
-    tokenizer: Any
-    reference: Any
-    #: what checkpoints save (the policy, or its adapter only under LoRA)
-    saver: Any
-    pad_id: int
-    score_kw: dict[str, Any]
-    #: what the dumps' producer block records about the weights
-    info: dict[str, Any]
-
-
-def _models(cfg: TrainConfig, *, device: torch.device, ckpt: Path | None, precision: str) -> _Models:
-    """The policy (from ``model``, ``init`` or a checkpoint; LoRA-wrapped when asked) and its KL reference."""
-    from icsd_audit.train import lora as lo
-
-    init_adapter = cfg.init_path if cfg.init is not None and lo.is_adapter_dir(str(cfg.init_path)) else None
-    base_ref, base_seed = (lo.base_of(init_adapter, cfg.model, cfg.seed) if init_adapter
-                           else (cfg.init_path or cfg.model, cfg.seed))
-    trust = cfg.trust_remote_code
-    initial, tokenizer = load_policy(base_ref, device=device, seed=base_seed, trust_remote_code=trust)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    score_kw: dict[str, Any] = dict(pad_id=pad_id, device=device, temperature=cfg.temperature, precision=precision)
-    info: dict[str, Any] = {"base_model": base_ref, "init": cfg.init, "lora": None}
-    if cfg.lora_enabled:
-        settings = (lo.adapter_settings(init_adapter) if init_adapter else
-                    lo.LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2.0 * cfg.lora_rank,
-                                    targets=cfg.lora_targets))
-        start = ckpt if ckpt is not None else init_adapter
-        policy = (lo.load_adapter(initial, start, trainable=True, reference_from=init_adapter) if start is not None
-                  else lo.add_adapter(initial, settings, seed=cfg.seed))
-        policy.eval()
-        reference: Any = (_AdapterReference(policy, init_adapter is not None, **score_kw) if cfg.kl_coef > 0
-                          else _NoReference())
-        info["lora"] = dataclasses.asdict(settings)
-        saver = lo.AdapterSaver(policy, lo.adapter_meta(base_model=base_ref, base_seed=base_seed, settings=settings,
-                                                        producer="icsd train", init=cfg.init))
-        return _Models(policy, tokenizer, reference, saver, pad_id, score_kw, info)
-    policy = initial if ckpt is None else load_policy(str(ckpt), device=device, trust_remote_code=trust)[0]
-    release_freed_memory()  # a first run converts the embedded GGUF in this process
-    policy.eval()  # no dropout anywhere (see the module docstring)
-    if cfg.kl_coef > 0:
-        resident = cfg.resident_reference if cfg.resident_reference is not None else device.type != "cpu"
-        ref_model = None
-        if resident:
-            ref_model = copy.deepcopy(initial) if ckpt is None else initial
-            ref_model.eval().requires_grad_(False)
-        elif ckpt is not None:
-            del initial  # the policy came from the checkpoint; the reference is reloaded per pass
-        reference = _Reference(ref_model, _frozen_loader(base_ref, device=device, seed=cfg.seed, trust_remote_code=trust),
-                               **score_kw)
-    else:
-        reference = _NoReference()
-    return _Models(policy, tokenizer, reference, policy, pad_id, score_kw, info)
 
 
 # --------------------------------------------------------------------------------------
@@ -347,6 +175,10 @@ def train(cfg: TrainConfig, *, resume: str | Path | bool | None = None, reporter
     plan = plan_run(cfg, resume=resume, overwrite=overwrite)
     if env_factory is None:
         check_services(cfg)
+    if plan.resuming and plan.start >= cfg.total_steps:  # a resume that runs no step changes nothing
+        reporter.message(nothing_to_run(plan, cfg.total_steps))
+        return TrainResult(out_dir=plan.out, start_step=plan.start, next_step=plan.start,
+                           metrics_path=plan.out / "metrics.jsonl", dumps_dir=None, checkpoint=plan.checkpoint)
     progress = Progress(done=plan.start)
     with GracefulStop() as stop, contextlib.ExitStack() as hold:
         try:
@@ -363,23 +195,22 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
            stop: GracefulStop, hold: contextlib.ExitStack, progress: Progress) -> TrainResult:
     out, ckpt, state, start = plan.out, plan.checkpoint, plan.state, plan.start
     # why this many threads, read when they are chosen (the log line waits for the model's)
-    threads_why = ("threads=%d" % cfg.threads if cfg.threads else "ICSD_THREADS" if os.environ.get("ICSD_THREADS", "").strip()
-                   else "the cores idle at the start, load %.2f" % os.getloadavg()[0])
-    set_threads(cfg.threads)
+    threads = choose_threads(cfg.threads)
+    set_threads(threads.n)
     map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
 
     # ---- models: the policy, and the initial policy for the KL (a frozen copy, or the adapter switched off)
-    models = _models(cfg, device=device, ckpt=ckpt, precision=precision)
+    models = build_models(cfg, device=device, ckpt=ckpt, precision=precision)
     if device.type == "cpu":
-        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads_why)
+        _log.info("torch computes on %d CPU thread(s) (%s)", torch.get_num_threads(), threads.why)
     policy, tokenizer, reference, pad_id, score_kw = (models.policy, models.tokenizer, models.reference, models.pad_id,
                                                        models.score_kw)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                   betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    if state and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    if state and state.get("optimizer") is not None:  # checked against this model before the folder changes
+        restore_optimizer(optimizer, state["optimizer"], ckpt)
     spill_on = cfg.spill_optimizer_state if cfg.spill_optimizer_state is not None else device.type == "cpu"
     spill = OptimizerSpill(optimizer, enabled=spill_on, directory=str(out))
 
@@ -399,10 +230,10 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     eval_builder = make_builder(cfg.student_skills in ("eval", "both"))
     teacher = make_teacher(cfg.teacher_enabled, model=policy, builder=builder,
                            bank=bank if cfg.teacher_enabled else None,
-                           skill_mode=cfg.skill_mode, skill_match=cfg.skill_match,
+                           skill_mode=cfg.teacher_skill_mode, skill_match=cfg.skill_match,
                            micro_batch_rows=cfg.micro_batch_rows, **score_kw)
     sketcher = make_sketcher(cfg, policy) if distill.enabled and cfg.dump_every else None
-    factory = env_factory or _default_env_factory(cfg)
+    factory = env_factory or default_env_factory(cfg)
     envs = [factory(cfg.train_split) for _ in range(cfg.n_tasks * cfg.group_size)]
     num_tasks = envs[0].num_tasks
     settings = RolloutSettings(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
@@ -416,7 +247,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                   skip_first_prepass=cfg.skip_first_prepass, shuffle_rows=cfg.shuffle_rows, seed=cfg.seed,
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
-                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid)
+                  recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid,
+                  lr_schedule=lambda s: warmup_lr(s, lr=cfg.lr, total_steps=cfg.total_steps, ratio=cfg.lr_warmup_steps_ratio))
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
 
     # ---- the first write: hold the run folder, then make it this run's
@@ -426,8 +258,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         reporter.message(f"--overwrite: the run that was in {out} is now in {moved}")
     if removed:
         reporter.message(f"removed {len(removed)} temporary file(s) a stopped run left in {out} ({removed[0].name}, ...)")
-    if plan.resuming and ckpt is None and held_run(out):
-        reporter.message(f"--resume: no complete checkpoint in {checkpoint_dir(out)}; starting again at step 0")
+    if plan.resuming and ckpt is None and held_run(out):  # plan_run refused one with complete steps
+        reporter.message(f"--resume: {out} holds no complete step and no checkpoint; starting at step 0")
     with stop.critical():
         drop_steps_from(out / "dumps", start)  # a resumed run redoes these steps
         writer = (_dump_writer(cfg, out, sketcher, env_data=getattr(envs[0], "data_info", None), weights=models.info)
@@ -537,7 +369,7 @@ def _critical_sink(writer: Any, stop: GracefulStop) -> Callable[[str, dict[str, 
 
 def _dump_writer(cfg: TrainConfig, out: Path, sketcher: Any = None, env_data: dict[str, Any] | None = None,
                  weights: dict[str, Any] | None = None) -> Any:
-    from icsd_audit import __version__
+    from icsd_audit.version import __version__
     from icsd_audit.dumps.writer import DumpWriter
 
     d = out / "dumps"

@@ -6,10 +6,10 @@ environment's expert does, in the exact prompts the trainer will show it:
 
 1. **Data.** The expert (:mod:`icsd_audit.envs.expert`) plays ``episodes`` distinct tasks
    of the train split (drawn with the seed) through the training loop's own rollout:
-   the same :class:`~icsd_audit.train.rollout.PromptBuilder` built from the same
-   :class:`~icsd_audit.train.config.TrainConfig` (student prompts, no privileged
+   the same :class:`~icsd_audit.train.rollout.collect.PromptBuilder` built from the same
+   :class:`~icsd_audit.train.config.fields.TrainConfig` (student prompts, no privileged
    context), reply parser, validity rule and turn budget
-   (:func:`~icsd_audit.train.policy.expert_turns`). Each valid turn is one example:
+   (:func:`~icsd_audit.train.rollout.policy.expert_turns`). Each valid turn is one example:
    the student prompt and the expert's reply tokens through the end-of-turn token.
 2. **Held-out split.** The expert also plays the first ``heldout_episodes`` tasks of the
    held-out (eval) split, the very tasks ``icsd eval`` plays first. Their turns are never
@@ -158,11 +158,11 @@ class SFTResult:
 def _play_expert(cfg: Any, *, tokenizer: Any, builder: Any, split: str, tasks: Sequence[int],
                  chunk: int = 32) -> list[Any]:
     """The expert's turns on ``tasks`` of ``split`` (envs made as the trainer makes them, expert state on)."""
-    from icsd_audit.train.loop import _default_env_factory
-    from icsd_audit.train.policy import expert_turns
-    from icsd_audit.train.rollout import RolloutSettings
+    from icsd_audit.train.setup import env_factory as make_env_factory
+    from icsd_audit.train.rollout.collect import expert_turns
+    from icsd_audit.train.rollout.collect import RolloutSettings
 
-    factory = _default_env_factory(cfg.replace(policy="expert"))
+    factory = make_env_factory(cfg.replace(policy="expert"))
     settings = RolloutSettings(max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                                temperature=cfg.temperature, batch_rows=cfg.rollout_batch_rows,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=False,
@@ -206,9 +206,9 @@ def train_tasks(num_tasks: int, episodes: int, seed: int) -> list[int]:
 
 def collect_data(cfg: Any, sft: SFTConfig, *, tokenizer: Any, builder: Any) -> SFTData:
     """The expert's turns: ``sft.episodes`` train-split tasks to train on, the held-out split's first tasks to measure."""
-    from icsd_audit.train.loop import _default_env_factory
+    from icsd_audit.train.setup import env_factory as make_env_factory
 
-    probe = _default_env_factory(cfg.replace(policy="expert"))
+    probe = make_env_factory(cfg.replace(policy="expert"))
     n_train = int(probe(cfg.train_split).num_tasks)
     n_heldout = int(probe(cfg.eval_split).num_tasks)
     tr = _play_expert(cfg, tokenizer=tokenizer, builder=builder, split=cfg.train_split,
@@ -233,10 +233,10 @@ def reply_nll(model: Any, rows: Sequence[SFTExample], *, pad_id: int, device: to
     """(sum over the rows' reply tokens of -log softmax(logits / temperature)[token], number of those tokens).
 
     Differentiable; prompt tokens carry no loss. The log-probs are the trainer's
-    (:func:`~icsd_audit.train.logprobs.response_logprobs`: left-padded prompts,
+    (:func:`~icsd_audit.train.update.logprobs.response_logprobs`: left-padded prompts,
     right-padded replies, position ids from the attention mask).
     """
-    from icsd_audit.train.logprobs import pack, response_logprobs
+    from icsd_audit.train.update.logprobs import pack, response_logprobs
 
     packed = pack([r.prompt_ids for r in rows], [r.reply_ids for r in rows], pad_id=pad_id, device=device)
     logp = response_logprobs(model, packed, temperature=temperature)
@@ -274,7 +274,7 @@ def batch_gradients(model: Any, rows: Sequence[SFTExample], batch: Sequence[int]
     backward, so the accumulated gradient is the big batch's token mean (what one pass
     over all the rows would give), whatever the micro-batch size.
     """
-    from icsd_audit.train.memory import checkpointed_blocks
+    from icsd_audit.train.models.memory import checkpointed_blocks
 
     n_tok = sum(len(rows[i].reply_ids) for i in batch)
     total, done = 0.0, 0
@@ -302,8 +302,8 @@ def lr_at(update: int, total: int, *, lr: float, warmup: float) -> float:
 
 def _load_model(cfg: Any, sft: SFTConfig, device: torch.device) -> tuple[Any, Any, Any]:
     """(policy to train, tokenizer, what saves it): base + fresh adapter, or the whole model."""
-    from icsd_audit.train import lora as lo
-    from icsd_audit.train.loop import load_policy
+    from icsd_audit.train.models import lora as lo
+    from icsd_audit.train.models.loading import load_policy
 
     model, tok = load_policy(cfg.model, device=device, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     if sft.lora_rank == 0:
@@ -352,7 +352,7 @@ class _Log:
         self.last = self.t0
 
     def line(self, text: str) -> None:
-        from icsd_audit.train.metrics import clock
+        from icsd_audit.train.run.metrics import clock
 
         now = time.perf_counter()
         self.say(f"[{clock(now - self.t0)}] {text}")
@@ -376,13 +376,13 @@ def run_sft(cfg: Any, sft: SFTConfig, out_dir: str | Path, *, say: Callable[[str
             overwrite: bool = False) -> SFTResult:
     """Collect the expert's turns, fine-tune, measure, and write the warm start to ``out_dir``.
 
-    ``cfg`` (a :class:`~icsd_audit.train.config.TrainConfig`) gives the model, environment,
+    ``cfg`` (a :class:`~icsd_audit.train.config.fields.TrainConfig`) gives the model, environment,
     prompt settings, temperatures, seed, threads and device; ``cfg.init`` is not used
     (the warm start is trained from ``cfg.model``). ``out_dir`` must not exist (or, with
     ``overwrite``, is moved aside to ``OUT.old-DATE`` first; nothing is deleted).
     """
     from icsd_audit.outputs import check_not_input, staging_dir, terminate_cleanly
-    from icsd_audit.train.rundir import move_aside
+    from icsd_audit.train.run.folder import move_aside
 
     sft.validate()
     cfg = cfg.replace(init=None).validate()
@@ -391,9 +391,9 @@ def run_sft(cfg: Any, sft: SFTConfig, out_dir: str | Path, *, say: Callable[[str
     if os.path.lexists(out) and not overwrite:
         raise FileExistsError(f"--out {out} exists; pick a new folder, or --overwrite to move it aside "
                               f"(to {out.name}.old-DATE; nothing is deleted)")
-    from icsd_audit.train.loop import _default_env_factory
+    from icsd_audit.train.setup import env_factory as make_env_factory
 
-    train_tasks(int(_default_env_factory(cfg.replace(policy="expert"))(cfg.train_split).num_tasks), sft.episodes,
+    train_tasks(int(make_env_factory(cfg.replace(policy="expert"))(cfg.train_split).num_tasks), sft.episodes,
                 sft.seed)  # too many episodes: say so before any model loads
     log = _Log(say or (lambda s: None))
     stage = staging_dir(out, "sft")
@@ -413,10 +413,11 @@ def run_sft(cfg: Any, sft: SFTConfig, out_dir: str | Path, *, say: Callable[[str
 def _run(cfg: Any, sft: SFTConfig, stage: Path, log: _Log) -> dict[str, Any]:
     from icsd_audit.runs.manifest import hardware
     from icsd_audit.train.eval import evaluate
-    from icsd_audit.train.loop import _default_env_factory, resolve_precision
-    from icsd_audit.train.memory import peak_rss_bytes, release_freed_memory
-    from icsd_audit.train.models import resolve_device, set_threads
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.setup import env_factory as make_env_factory
+    from icsd_audit.train.models.loading import resolve_precision
+    from icsd_audit.train.models.memory import peak_rss_bytes, release_freed_memory
+    from icsd_audit.train.models.loading import resolve_device, set_threads
+    from icsd_audit.train.rollout.collect import PromptBuilder
 
     t_start, load_start = time.perf_counter(), os.getloadavg()
     threads = set_threads(cfg.threads)
@@ -499,7 +500,7 @@ def _run(cfg: Any, sft: SFTConfig, stage: Path, log: _Log) -> dict[str, Any]:
         log.line(f"evaluating the trained policy on the first {sft.eval_tasks} {cfg.eval_split} tasks "
                  f"(temperature {cfg.eval_temperature})")
         t1 = time.perf_counter()
-        factory = _default_env_factory(cfg)
+        factory = make_env_factory(cfg)
         ev = evaluate(model=model, tokenizer=tok, builder=builder, make_env=lambda: factory(cfg.eval_split),
                       n_tasks=sft.eval_tasks, max_turns=cfg.max_turns, max_response_tokens=cfg.max_response_tokens,
                       temperature=cfg.eval_temperature, require_think=cfg.require_think,
@@ -514,7 +515,7 @@ def _run(cfg: Any, sft: SFTConfig, stage: Path, log: _Log) -> dict[str, Any]:
     else:
         (stage / "README.md").unlink(missing_ok=True)  # peft's blank model-card template; sft.json says what this is
     _plain_modes(stage)
-    from icsd_audit import __version__
+    from icsd_audit.version import __version__
 
     report = {
         "format": "icsd-sft", "version": 1, "icsd_version": __version__,

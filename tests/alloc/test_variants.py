@@ -10,13 +10,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from icsd_audit.alloc.variants import (
-    AllocatorSpec,
-    allocate,
-    allocator_names,
-    get_allocator,
-    register_allocator,
-)
+from icsd_audit.alloc.registry import AllocatorSpec, allocator_names, get_allocator, register_allocator
+from icsd_audit.alloc.variants import allocate
 from icsd_audit.alloc.segments import dense_ids, segment_median
 from tests.alloc.reference_allocator import reference_allocate
 
@@ -254,13 +249,14 @@ def test_affine_invariance_of_scores(items: list[tuple[int, int]], a: float, shi
     up to exp() rounding.  The floor eps scales with a as well (usability is a
     statement about the raw scales relative to eps).
     """
-    from icsd_audit.alloc.variants import Layout, _calibrated
+    from icsd_audit.alloc.layout import Layout
+    from icsd_audit.alloc.scores import calibrated
 
     turn = torch.tensor([t for t, _ in items])
     u = torch.tensor([v / 8 for _, v in items], dtype=torch.float64)
     lay = Layout.build(torch.zeros_like(turn), torch.zeros_like(turn), turn)
-    m1 = _calibrated(u, lay, eta=0.5, eps=1e-4, min_group=8)
-    m2 = _calibrated(a * u + shift, lay, eta=0.5, eps=1e-4 * a, min_group=8)
+    m1 = calibrated(u, lay, eta=0.5, eps=1e-4, min_group=8)
+    m2 = calibrated(a * u + shift, lay, eta=0.5, eps=1e-4 * a, min_group=8)
     assume(m1.groups_fixed_map == 0)  # the fixed map is not fitted, hence not invariant
     assert torch.allclose(m1.m, m2.m, rtol=1e-12, atol=1e-15)
 

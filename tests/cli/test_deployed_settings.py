@@ -11,10 +11,10 @@ import pytest
 
 from icsd_audit.dumps.provenance import SettingsMismatch
 from icsd_audit.dumps.reader import DumpWarning
-from icsd_audit.dumps.settings import audit_settings
+from icsd_audit.audit.settings import audit_settings
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import DumpWriter
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 from tests.dumps.test_verify import SETTINGS, deploy
 
 EPS = SETTINGS["eps"]
@@ -117,9 +117,9 @@ def test_library_settings_and_a_deployed_sdar_is_the_base(tmp_path: Path) -> Non
 
 
 def test_library_functions_audit_what_was_deployed(tmp_path: Path) -> None:
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
     from icsd_audit.report.build import audit_dumps
-    from icsd_audit.stats.run import run_audit
+    from icsd_audit.audit.run import run_audit
 
     shards = list(deploy(tmp_path / "d").values())
     res = run_audit([tmp_path / "d"], statistics=("tcm",))
@@ -134,7 +134,7 @@ def test_library_functions_audit_what_was_deployed(tmp_path: Path) -> None:
 
 
 def test_a_resumed_folder_is_audited_with_the_settings_of_the_shards_that_count(tmp_path: Path) -> None:
-    from icsd_audit.dumps.verify import verify_dumps
+    from icsd_audit.audit.verify import verify_dumps
 
     deploy(tmp_path / "d", settings=dict(SETTINGS, trust_beta=7.0), batches=2)  # a first launch
     later = deploy(tmp_path / "d", batches=2)  # a restart writes both batches again, with beta 3

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from icsd_audit.alloc.options import RUN_FIELDS, AllocatorOptions, run_allocator_settings
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.dumps.provenance import COEFFICIENT_KEYS
 from icsd_audit.integrations.core import AllocationSettings
 from icsd_audit.integrations.engines import EngineUnavailable, check_verl_batches, verl_overrides
@@ -43,14 +43,13 @@ def _flags() -> list[str]:
 
 def test_one_list_of_allocator_settings_everywhere():
     # the list a setting is added to is the list every engine writes (and the audit reads back)
-    assert set(f.name for f in dataclasses.fields(AllocatorOptions)) == set(COEFFICIENT_KEYS)
-    assert [f.name for f in dataclasses.fields(AllocationSettings)] == ["distill_coef", *(
-        f.name for f in dataclasses.fields(AllocatorOptions))]
-    run_names = {RUN_FIELDS.get(k, k) for k in COEFFICIENT_KEYS}
-    assert run_names == set(NON_DEFAULT) and run_names <= {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(f.name for f in dataclasses.fields(AllocatorSettings)) == set(COEFFICIENT_KEYS)
+    assert {f.name for f in dataclasses.fields(AllocationSettings)} == {"distill_coef", *COEFFICIENT_KEYS}
+    run_names = set(TrainConfig.ALLOCATION_FIELDS)
+    assert run_names == set(NON_DEFAULT) and set(TrainConfig.ALLOCATION_FIELDS.values()) == set(COEFFICIENT_KEYS)
     defaults = TrainConfig()
     assert all(getattr(defaults, k) != v for k, v in NON_DEFAULT.items())  # each value really is non-default
-    assert run_allocator_settings(TrainConfig(**NON_DEFAULT)) == EXPECTED
+    assert TrainConfig(**NON_DEFAULT).allocation().to_dict() == EXPECTED
 
 
 @pytest.mark.parametrize("field", sorted(NON_DEFAULT))
@@ -88,15 +87,15 @@ def test_the_written_verl_command_configures_icsd_sync_with_every_setting(tmp_pa
     import verl
     from hydra import compose, initialize_config_dir
 
-    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig
+    from icsd_audit.integrations.verl.trainer import ICSDVerlConfig
 
     cfg = TrainConfig(out_dir=str(tmp_path / "run"), model="/models/qwen", distill_coef=0.02, **NON_DEFAULT)
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer/config"),
                                version_base=None):
         c = compose(config_name="ppo_trainer", overrides=verl_overrides(cfg))
     icsd = ICSDVerlConfig.from_config(c.icsd)
-    assert icsd.allocator_kwargs() == EXPECTED and icsd.distill_coef == 0.02
-    assert icsd.micro_scope().settings() == EXPECTED  # the micro-batch scope allocates with them too
+    assert icsd.allocator_settings().to_dict() == EXPECTED and icsd.distill_coef == 0.02
+    assert icsd.micro_scope().settings().to_dict() == EXPECTED  # the micro-batch scope allocates with them too
 
 
 def _dump_settings(dumps: Path) -> dict:
@@ -137,10 +136,11 @@ def test_trl_engine_builds_its_trainer_and_dumps_with_every_setting(tmp_path):
 
 
 def test_trl_engine_builds_icsdconfig_from_the_one_list():
-    trl = pytest.importorskip("icsd_audit.integrations.trl", reason="TRL not installed")
+    pytest.importorskip("trl", reason="TRL not installed")
+    from icsd_audit.integrations.trl import trainer as trl
     cfg = TrainConfig(distill_coef=0.02, **NON_DEFAULT)
     icsd = trl.ICSDConfig.from_run(cfg, dump_dir="d")
-    assert icsd.allocator_kwargs() == EXPECTED and (icsd.distill_coef, icsd.dump_dir) == (0.02, "d")
+    assert icsd.allocator_settings().to_dict() == EXPECTED and (icsd.distill_coef, icsd.dump_dir) == (0.02, "d")
 
 
 def test_trl_engine_refuses_micro_batch_scope_in_one_line(tmp_path):
@@ -210,7 +210,7 @@ def test_batch_check_agrees_with_verls_validate_config(tmp_path, gpus, ok):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from icsd_audit.train.presets import preset
+    from icsd_audit.train.config.presets import preset
 
     cfg = preset("cpu-demo").replace(out_dir=str(tmp_path / "run"), model="/models/qwen")
     assert (cfg.n_tasks, cfg.group_size) == (2, 3)
@@ -250,7 +250,7 @@ def test_the_docs_verl_commands_are_complete():
 
 
 def test_the_docs_full_command_is_what_icsd_train_writes():
-    from icsd_audit.train.presets import preset
+    from icsd_audit.train.config.presets import preset
 
     full = next(c for c in _doc_commands() if "trainer.v1.trainer_mode=icsd_sync" in c)
     cfg = preset("paper").replace(model="/models/Qwen2.5-1.5B-Instruct", out_dir="runs/verl-webshop")
@@ -268,8 +268,8 @@ def test_the_docs_verl_commands_pass_verls_config_checks(index):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    from icsd_audit.integrations.verl_distill import LOSS_ALLOCATORS
-    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig
+    from icsd_audit.integrations.verl.distill import LOSS_ALLOCATORS
+    from icsd_audit.integrations.verl.trainer import ICSDVerlConfig
 
     ovr = _doc_commands()[index]
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer/config"),

@@ -22,7 +22,7 @@ import pytest
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 N = 100_000  # coeffs' scratch: 33 bytes per row = 3.3 MB; its output about 3.2 MB more
 

@@ -15,7 +15,7 @@ import torch
 
 from icsd_audit.alloc.options import AllocatorOptions
 
-from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.audit.coeffs import compute_coefficients
 from icsd_audit.dumps.writer import write_table_atomic
 from icsd_audit.dumps.synth import synth_tokens
 

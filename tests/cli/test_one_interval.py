@@ -20,7 +20,7 @@ from icsd_audit.alloc.options import AllocatorOptions, weight_pair
 from icsd_audit.dumps.reader import DumpReader
 from icsd_audit.tokens import Tokens, Weights
 
-from .test_outputs import cli
+from tests.helpers import cli
 
 DUMPS = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "dumps"
 STATISTICS = ("tcm", "quadrants", "shift", "clip", "landscape")

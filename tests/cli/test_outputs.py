@@ -1,8 +1,7 @@
-"""Outputs never clobber inputs, bad output paths fail first in one line, reports swap in whole (issue 16)."""
+"""Outputs never clobber inputs, bad output paths fail first in one line, reports swap in whole."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -17,57 +16,9 @@ import pytest
 
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import DumpWriter, write_table_atomic
+from tests.helpers import cli, digest, one_line_exit_2, unprivileged
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, timeout: float = 300, threads: int = 1) -> subprocess.CompletedProcess[str]:
-    """``icsd ARGS`` in this process (the console script's entry point; no second torch import)."""
-    import contextlib
-    import io
-
-    from icsd_audit.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    old = os.environ.get("ICSD_THREADS")
-    os.environ["ICSD_THREADS"] = str(threads)
-    code: int | str | None = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        if old is None:
-            os.environ.pop("ICSD_THREADS", None)
-        else:
-            os.environ["ICSD_THREADS"] = old
-    return subprocess.CompletedProcess(list(args), code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
-
-
-def unprivileged(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``icsd ARGS`` without the power to override file permissions (root drops CAP_DAC_*)."""
-    cmd = [sys.executable, "-m", "icsd_audit.cli", *args]
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv: cannot drop CAP_DAC_OVERRIDE to test permissions")
-        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "ICSD_THREADS": "1"})
-
-
-def one_line_exit_2(res: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.stderr and "╭" not in res.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -271,8 +222,7 @@ def _start_coeffs(src: Path, out: Path) -> tuple[subprocess.Popen, Path]:
 
 
 def test_sigterm_removes_the_scratch_directory(big: Path, tmp_path: Path) -> None:
-    proc, scratch = _start_coeffs(big, tmp_path / "c.parquet")
-    time.sleep(0.02)  # well inside the run: an idle machine finishes 600k rows in under a second
+    proc, scratch = _start_coeffs(big, tmp_path / "c.parquet")  # its scratch exists: the run is under way
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in err
@@ -282,8 +232,7 @@ def test_sigterm_removes_the_scratch_directory(big: Path, tmp_path: Path) -> Non
 def test_kill_9_leftovers_are_skipped_by_readers_and_removed_by_the_next_run(big: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "o"
     out_dir.mkdir()
-    proc, scratch = _start_coeffs(big, out_dir / "c.parquet")
-    time.sleep(0.02)  # well inside the run: an idle machine finishes 600k rows in under a second
+    proc, scratch = _start_coeffs(big, out_dir / "c.parquet")  # its scratch exists: the run is under way
     proc.kill()
     proc.communicate(timeout=60)
     assert scratch.exists()  # nothing can clean up after SIGKILL ...

@@ -18,7 +18,7 @@ import pytest
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 GiB = 1 << 30
 
@@ -36,7 +36,7 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def no_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if any batch is allocated: the checks must come first."""
     import icsd_audit.alloc.options as alloc_options
-    import icsd_audit.dumps.coeffs as coeffs  # imported first: it binds allocate_batch by name
+    import icsd_audit.audit.coeffs as coeffs  # imported first: it binds allocate_batch by name
 
     def never(*args: object, **kw: object) -> None:
         raise AssertionError("a batch was allocated before the request was checked")
@@ -159,7 +159,7 @@ def test_bad_memory_limit_is_one_line(dump: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_limit_parsing_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from icsd_audit.stats import budget
+    from icsd_audit.audit import budget as budget
 
     for text, n in (("123", 123), ("4K", 4096), ("1.5G", 3 * (1 << 29)), ("2TiB", 2 << 40), ("512mb", 512 << 20)):
         monkeypatch.setenv("ICSD_MEMORY_LIMIT", text)

@@ -13,7 +13,7 @@ import pytest
 
 from icsd_audit.alloc.options import AllocatorOptions
 
-from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.audit.coeffs import compute_coefficients
 from icsd_audit.dumps.writer import DumpWriter
 from icsd_audit.dumps.synth import synth_tokens
 

@@ -13,7 +13,7 @@ import pytest
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import write_table_atomic
 
-from .test_outputs import cli
+from tests.helpers import cli
 
 
 @pytest.fixture(scope="module")

@@ -95,7 +95,7 @@ def test_dry_run_writes_the_envs_data_model_agent_loop_and_a_command_that_stops_
 
 
 def test_dry_run_names_a_local_model_folder_as_given(tmp_path):
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     folder = tmp_path / "my-model"
     m, tok = tiny_random_causal_lm(seed=3)
@@ -126,7 +126,7 @@ def test_verl_overrides_are_valid_for_verls_config(tmp_path):
     from hydra import compose, initialize_config_dir
     import verl
 
-    from icsd_audit.integrations.verl_trainer import ICSDVerlConfig
+    from icsd_audit.integrations.verl.trainer import ICSDVerlConfig
 
     d = os.path.join(os.path.dirname(verl.__file__), "trainer/config")
     for est, extra in (("gigpo", dict(gamma=0.9, step_weight=0.4, gigpo_mode="mean_std_norm")), ("grpo", {})):
@@ -177,7 +177,7 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
 
     import json
 
-    from icsd_audit.train.checkpoint import latest_checkpoint
+    from icsd_audit.train.run.checkpoint import latest_checkpoint
     from icsd_audit.train.config import TrainConfig
 
     run = tmp_path / "run"
@@ -202,7 +202,7 @@ def test_trl_engine_trains_whole_episodes_and_audit_coeffs_recomputes_them(tmp_p
                 "time/rollout", "trl/reward"} <= set(x)
     steps = [line.split("] ", 1)[1] for line in lines if "] step " in line]
     assert [s.split(":")[0] for s in steps] == ["step 0", "step 1"]
-    from icsd_audit.train.metrics import summary_line
+    from icsd_audit.train.run.metrics import summary_line
 
     assert [s.split(", ETA")[0] for s in steps] == [summary_line(x["step"], x) for x in recs]
     ckpt = latest_checkpoint(run)
@@ -251,7 +251,7 @@ def test_trl_engine_with_lora_trains_the_adapter_and_audit_coeffs_recomputes(tmp
     cfg = TrainConfig(model="tiny-random", lora_rank=4, lora_alpha=16.0, lora_targets="q_proj,v_proj")
     model, _, peft_config = _trl_policy(cfg, torch.device("cpu"))
     assert peft_config.r == 4 and peft_config.lora_alpha == 16.0 and set(peft_config.target_modules) == {"q_proj", "v_proj"}
-    from icsd_audit.train import lora as lo
+    from icsd_audit.train.models import lora as lo
 
     adapter = tmp_path / "adapter"
     lo.AdapterSaver(lo.add_adapter(model, lo.LoraSettings(4, 8.0, "all-linear")),

@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from icsd_audit.alloc.options import AllocatorOptions
-from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.audit.coeffs import compute_coefficients
 from icsd_audit.dumps.reader import METADATA_KEY, DumpReader, DumpWarning
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 K = 8
 META = dump_metadata(producer="test", synthetic=True, allocator={"allocator": "icsd", "eps": 1e-4})
@@ -68,7 +68,7 @@ def test_corrupt_page_is_one_line_in_every_command(tmp_path: Path, column: str) 
         if column == "grad" and cmd[1] in ("tcm", "quadrants"):
             assert res.returncode == 0, res.stderr  # they never read the gradient column
             continue
-        line = one_line_exit_2(res, f"{f}, row 0: corrupt data in row group 0")
+        one_line_exit_2(res, f"{f}: column '{column}', row 0: corrupt data in row group 0")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]
 
 

@@ -14,7 +14,7 @@ import torch
 
 from icsd_audit.alloc.variants import allocate
 from icsd_audit.alloc.options import AllocatorOptions
-from icsd_audit.dumps.coeffs import compute_coefficients
+from icsd_audit.audit.coeffs import compute_coefficients
 from icsd_audit.dumps.writer import DumpWriter, write_table_atomic
 from icsd_audit.dumps.reader import DumpError, DumpReader, read_metadata
 from icsd_audit.dumps.synth import synth_tokens

@@ -13,7 +13,7 @@ import pytest
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 
-from tests.cli.test_outputs import cli, one_line_exit_2
+from tests.helpers import cli, one_line_exit_2
 
 META = dump_metadata(producer="test", synthetic=True)
 
@@ -63,7 +63,7 @@ def test_uint64_ids_beyond_int64_mixed_with_int64_refused_before_allocating(tmp_
     tr[250:] += np.uint64(2**63)  # row 250 is the first value no int64 holds
     b = write(table(seed=2, traj_id=pa.array(tr, pa.uint64())), tmp_path / "b.parquet", row_group_size=100)
     import icsd_audit.alloc.options as alloc_options
-    import icsd_audit.dumps.coeffs as coeffs  # imported first: it binds allocate_batch by name
+    import icsd_audit.audit.coeffs as coeffs  # imported first: it binds allocate_batch by name
 
     def never(*args: object, **kw: object) -> None:
         raise AssertionError("allocation ran before the id types were checked")

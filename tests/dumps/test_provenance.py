@@ -147,7 +147,7 @@ def test_drop_in_writes_the_settings_it_deployed(tmp_path: Path) -> None:
 def test_drop_in_run_with_non_default_settings_is_recomputed_and_verified_without_flags(tmp_path: Path) -> None:
     """Done-when of issue 25 for the verl-agent drop-in: coeffs (no flags) reproduces the deployed c, verify
     exits 0, and one altered c makes verify exit 1 naming that batch."""
-    from tests.cli.test_outputs import cli
+    from tests.helpers import cli
     from tests.dumps.test_verify import alter
     from tests.integrations.test_sdar import _dataproto
 

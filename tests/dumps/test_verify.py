@@ -17,7 +17,7 @@ from icsd_audit.alloc.variants import allocate
 from icsd_audit.dumps.provenance import deployed_block
 from icsd_audit.dumps.reader import DumpError
 from icsd_audit.dumps.synth import synth_tokens
-from icsd_audit.dumps.verify import verify_dumps
+from icsd_audit.audit.verify import verify_dumps
 from icsd_audit.dumps.writer import DumpWriter
 
 #: deployed with settings no audit default matches

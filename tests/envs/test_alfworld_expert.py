@@ -58,10 +58,10 @@ def test_expert_needs_the_expert_engine():
 @pytest.mark.parametrize("index,task_type", [(3, "pick_heat_then_place_in_recep"), (4, "pick_cool_then_place_in_recep"),
                                              (5, "pick_two_obj_and_place")])
 def test_each_task_type_gets_its_own_skill_block_only(index, task_type):
-    from icsd_audit.train.policy import policy_tokenizer
-    from icsd_audit.train.rollout import PromptBuilder, turn_context
-    from icsd_audit.train.skills import load_skillbank
-    from icsd_audit.train.teacher import skill_retriever
+    from icsd_audit.train.rollout.policy import policy_tokenizer
+    from icsd_audit.train.rollout.collect import PromptBuilder, turn_context
+    from icsd_audit.train.teacher.skills import load_skillbank
+    from icsd_audit.train.teacher.self_teacher import skill_retriever
 
     env = make_env("alfworld", split="eval", max_steps=50)
     obs = env.reset(index)

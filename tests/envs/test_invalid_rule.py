@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from icsd_audit.envs.base import Observation, StepResult, parse_action, step_info, well_formed
-from icsd_audit.train.rollout import INVALID_RULES
+from icsd_audit.train.rollout.collect import INVALID_RULES
 
 ITEM = ("click[back to search]", "click[buy now]", "click[6.76 fl oz]")
 
@@ -67,7 +67,7 @@ def test_penalty_follows_the_rule_in_a_rollout():
     """A scripted policy that names a non-admissible action: penalised only under 'admissible'."""
     import torch
 
-    from icsd_audit.train.advantages import grpo_advantages
+    from icsd_audit.train.update.advantages import grpo_advantages
     from icsd_audit.train.config import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="invalid_rule"):
@@ -81,7 +81,7 @@ def test_penalty_follows_the_rule_in_a_rollout():
             p = parse_action(t, ITEM, require_think=True)
             invalid.append(not INVALID_RULES[rule](t, p, _Res(p.valid), True))
         assert invalid == expect
-        from icsd_audit.train.advantages import TurnRecords
+        from icsd_audit.train.update.advantages import TurnRecords
 
         rec = TurnRecords.from_arrays(group=[0, 0], traj=[0, 1], turn=[0, 0], reward=[1.0, 1.0], anchor=[0, 0],
                                       invalid=invalid)

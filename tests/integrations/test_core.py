@@ -175,7 +175,7 @@ def test_distillation_loss_value_and_micro_batch_accumulation():
 
 def test_dump_rows_round_trip_through_audit_coeffs(tmp_path):
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
     from icsd_audit.dumps.reader import read_metadata
     from icsd_audit.integrations.core import dump_writer
     import pyarrow.parquet as pq

@@ -10,7 +10,7 @@ import torch
 
 from icsd_audit.alloc.variants import allocate
 from icsd_audit.integrations.sdar import C_KEY, allocate_dataproto, compute_icsd_loss, dump_writer, stable_traj_id
-from icsd_audit.train.losses import token_losses
+from icsd_audit.train.update.losses import token_losses
 
 torch.set_num_threads(1)
 
@@ -296,9 +296,9 @@ def test_teacher_pass_scores_the_privileged_rows_with_the_actor(tmp_path):
     from verl import DataProto
 
     from icsd_audit.integrations.sdar import teacher_pass
-    from icsd_audit.train.models import tiny_random_causal_lm
-    from icsd_audit.train.prompts import skill_block
-    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+    from icsd_audit.train.rollout.prompts import skill_block
+    from icsd_audit.train.teacher.skills import load_skillbank
 
     model, tok = tiny_random_causal_lm(seed=2)
     texts = ["buy a red mug", "find blue running shoes under 30 dollars", "open the drawer"]

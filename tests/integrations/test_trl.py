@@ -13,8 +13,8 @@ import trl  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from icsd_audit.integrations.core import distillation_loss  # noqa: E402
-from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt, tcm  # noqa: E402
-from icsd_audit.train.models import tiny_random_causal_lm  # noqa: E402
+from icsd_audit.integrations.trl.trainer import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt, tcm  # noqa: E402
+from icsd_audit.train.models.loading import tiny_random_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.engines
 torch.set_num_threads(1)
@@ -25,7 +25,7 @@ def _reward(completions, **_):
 
 
 def _trainer(tmp_path, *, steps: int = 3, dump: bool = True, **settings) -> ICSDGRPOTrainer:
-    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher.skills import load_skillbank
 
     model, tok = tiny_random_causal_lm(seed=0)
     prompts = ["search for a red mug", "buy blue shoes under 30 dollars", "find a wooden chair", "open the drawer"]
@@ -44,7 +44,7 @@ def _trainer(tmp_path, *, steps: int = 3, dump: bool = True, **settings) -> ICSD
 def test_trl_run_writes_dumps_that_audit_coeffs_recomputes_exactly(tmp_path):
     import pyarrow.parquet as pq
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
 
     tr = _trainer(tmp_path, steps=3)
     tr.train()
@@ -73,7 +73,7 @@ def test_sigmoid_trust_run_is_audited_as_deployed_without_flags(tmp_path):
     without flags reproduces the deployed c, ``icsd audit verify`` exits 0, and one altered c exits 1 naming it."""
     import pyarrow.parquet as pq
     from icsd_audit.dumps.reader import read_metadata
-    from tests.cli.test_outputs import cli
+    from tests.helpers import cli
     from tests.dumps.test_verify import alter
 
     tr = _trainer(tmp_path, steps=2, trust="sigmoid", trust_beta=3.0, eps=1e-3)
@@ -131,7 +131,7 @@ def test_multi_turn_rollout_func_env_mask_runs_are_turns(tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     import pyarrow.parquet as pq
 
-    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher.skills import load_skillbank
 
     model, tok = tiny_random_causal_lm(seed=0)
     g = torch.Generator().manual_seed(0)
@@ -192,7 +192,7 @@ def test_two_process_data_parallel_gathers_before_allocating(tmp_path):
 
     import pyarrow.parquet as pq
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
 
     worker = os.path.join(os.path.dirname(__file__), "trl_ddp_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -223,12 +223,12 @@ def test_multi_turn_episodes_train_with_the_teacher_on_the_same_tokens_and_recom
     import pyarrow.parquet as pq
 
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
     from icsd_audit.envs import make_env
-    from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
-    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, turn_context
-    from icsd_audit.train.skills import load_skillbank
-    from icsd_audit.train.teacher import skill_retriever
+    from icsd_audit.integrations.trl.rollout import EpisodeRollout, episode_reward
+    from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, turn_context
+    from icsd_audit.train.teacher.skills import load_skillbank
+    from icsd_audit.train.teacher.self_teacher import skill_retriever
 
     model, tok = tiny_random_causal_lm(seed=0)
     builder = PromptBuilder(tok, env="webshop", history_window=1, max_prompt_tokens=3000)

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from icsd_audit.envs import make_env
-from icsd_audit.integrations.trl_rollout import EpisodeRollout, episode_reward
-from icsd_audit.train.models import tiny_random_causal_lm
-from icsd_audit.train.prompts import TurnContext, skill_block, student_messages
-from icsd_audit.train.rollout import PromptBuilder, RolloutSettings
-from icsd_audit.train.skills import load_skillbank
-from icsd_audit.train.teacher import skill_retriever
+from icsd_audit.integrations.trl.rollout import EpisodeRollout, episode_reward
+from icsd_audit.train.models.loading import tiny_random_causal_lm
+from icsd_audit.train.rollout.prompts import TurnContext, skill_block, student_messages
+from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings
+from icsd_audit.train.teacher.skills import load_skillbank
+from icsd_audit.train.teacher.self_teacher import skill_retriever
 
 TASK = 5  # WebShop train task 5: wool socks; search, first product, buy now scores 1/3 (checked below)
 LOGP = -0.25  # the scripted sampler's log-prob of every reply token

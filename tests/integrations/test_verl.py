@@ -16,7 +16,7 @@ from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
-from icsd_audit.integrations import verl as iv  # noqa: E402
+from icsd_audit.integrations.verl import plugin as iv  # noqa: E402
 
 pytestmark = pytest.mark.engines
 torch.set_num_threads(1)
@@ -167,7 +167,7 @@ def test_signatures_of_everything_we_wrap():
     import inspect
 
     for path, params in iv.EXPECTED_SIGNATURES.items():
-        fn = inspect.unwrap(iv._resolve(path))
+        fn = inspect.unwrap(iv.resolve_dotted(path))
         assert tuple(inspect.signature(fn).parameters)[: len(params)] == params, path
 
 
@@ -191,14 +191,14 @@ def test_plugin_registers_in_a_fresh_process():
     r = _fresh("import sys, verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
                "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
                "fn = get_adv_estimator_fn('gigpo')\n"
-               "print('icsd_audit.integrations.verl' in sys.modules, get_trainer_cls('icsd_sync').__name__, "
+               "print('icsd_audit.integrations.verl.plugin' in sys.modules, get_trainer_cls('icsd_sync').__name__, "
                "fn.__module__ + '.' + fn.__name__)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().endswith("True ICSDTrainerSync icsd_audit.integrations.verl_gigpo.compute_gigpo_advantage"), \
+    assert r.stdout.strip().endswith("True ICSDTrainerSync icsd_audit.integrations.verl.gigpo.compute_gigpo_advantage"), \
         r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("first", ["icsd_audit.integrations.verl_trainer", "icsd_audit.integrations.verl_gigpo",
+@pytest.mark.parametrize("first", ["icsd_audit.integrations.verl.trainer", "icsd_audit.integrations.verl.gigpo",
                                    "icsd_audit.integrations.sdar"])
 def test_any_integration_module_imports_first(first):
     # importing the trainer module first used to run the plug-in (through import verl), which imported
@@ -210,7 +210,7 @@ def test_any_integration_module_imports_first(first):
 
 
 def test_plugin_that_cannot_register_says_so_loudly():
-    code = ("import icsd_audit.integrations.verl as m, icsd_audit.integrations.verl_compat as c\n"
+    code = ("import icsd_audit.integrations.verl.plugin as m, icsd_audit.integrations.verl.compat as c\n"
             "c.TESTED_VERL = ('99.0', '100.0')\n"
             "try:\n    m._plugin_check()\nexcept m.VerlCompatError:\n    print('raised')\n")
     r = _fresh(code)

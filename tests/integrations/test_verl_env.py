@@ -7,18 +7,18 @@ import os
 
 import pytest
 
-from icsd_audit.train.config import TrainConfig, preset_for
+from icsd_audit.train.config import TrainConfig, from_preset, preset_for
 
 
 def _cfg(tmp_path, env: str, **kw) -> TrainConfig:
-    return TrainConfig.from_preset(preset_for("cpu-demo", env), env=env, out_dir=str(tmp_path / "run"), **kw)
+    return from_preset(preset_for("cpu-demo", env), env=env, out_dir=str(tmp_path / "run"), **kw)
 
 
 @pytest.mark.parametrize("env", ["alfworld", "searchqa"])
 def test_data_files_list_every_task_in_verl_agents_layout(tmp_path, env):
     import pyarrow.parquet as pq
 
-    from icsd_audit.integrations.verl_env import task_instructions, write_verl_data
+    from icsd_audit.integrations.verl.env import task_instructions, write_verl_data
 
     cfg = _cfg(tmp_path, env, eval_tasks=5)
     train, test = write_verl_data(cfg, tmp_path / "data")
@@ -38,7 +38,7 @@ def test_data_files_list_every_task_in_verl_agents_layout(tmp_path, env):
 def test_alfworld_instructions_are_the_games_tasks_without_the_engine(tmp_path, monkeypatch, alfworld_data):
     """The generated games' task texts, also where importing alfworld has set $ALFWORLD_DATA to its empty default."""
     from icsd_audit.envs.alfworld.games import load_manifest
-    from icsd_audit.integrations.verl_env import task_instructions
+    from icsd_audit.integrations.verl.env import task_instructions
 
     monkeypatch.setenv("HOME", str(tmp_path))
     if alfworld_data is None:
@@ -46,14 +46,14 @@ def test_alfworld_instructions_are_the_games_tasks_without_the_engine(tmp_path, 
     else:
         (tmp_path / ".cache" / "alfworld").mkdir(parents=True)
         monkeypatch.setenv("ALFWORLD_DATA", os.path.expanduser(alfworld_data))
-    cfg = TrainConfig.from_preset(preset_for("cpu-demo", "alfworld"), env="alfworld")
+    cfg = from_preset(preset_for("cpu-demo", "alfworld"), env="alfworld")
     got = task_instructions(cfg, "eval", 3)
     assert got == [e["task_text"] for e in load_manifest()["splits"]["eval"][:3]]
 
 
 def test_export_model_writes_hf_folders_and_passes_others_through(tmp_path):
-    from icsd_audit.integrations.verl_env import export_model
-    from icsd_audit.train.models import load_model
+    from icsd_audit.integrations.verl.env import export_model
+    from icsd_audit.train.models.loading import load_model
 
     path = export_model("tiny-random", tmp_path / "run")
     assert path == str((tmp_path / "run" / "model").resolve())
@@ -94,11 +94,11 @@ def test_agent_loop_plays_the_trl_engines_episode(tmp_path):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from icsd_audit.integrations.trl_rollout import EpisodeRollout
-    from icsd_audit.integrations.verl_agent_loop import EnvAgentLoop
-    from icsd_audit.train.loop import _default_env_factory
-    from icsd_audit.train.models import tiny_random_causal_lm
-    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings
+    from icsd_audit.integrations.trl.rollout import EpisodeRollout
+    from icsd_audit.integrations.verl.agent_loop import EnvAgentLoop
+    from icsd_audit.train.setup import env_factory as make_env_factory
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+    from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings
 
     cfg = _cfg(tmp_path, "searchqa", model="tiny-random", max_turns=3, max_response_tokens=16,
                max_prompt_tokens=3000, one_shot=False, invalid_penalty=0.25)
@@ -130,7 +130,7 @@ def test_agent_loop_plays_the_trl_engines_episode(tmp_path):
     settings = RolloutSettings(max_turns=3, max_response_tokens=16, temperature=1.0, batch_rows=1,
                                require_think=cfg.require_think, reward=cfg.reward, record_logp=True,
                                invalid_rule=cfg.invalid_rule)
-    ref = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: _default_env_factory(cfg)("train"),
+    ref = EpisodeRollout(tokenizer=tok, builder=builder, make_env=lambda: make_env_factory(cfg)("train"),
                          settings=settings, invalid_penalty=0.25, tasks={}, sampler=scripted)
     batch = ref.play(model, [4], device=torch.device("cpu"))
     assert out.prompt_ids == batch.prompt_ids[0]
@@ -151,8 +151,8 @@ def test_agent_loop_refuses_a_row_of_another_env(tmp_path):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from icsd_audit.integrations.verl_agent_loop import EnvAgentLoop
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.integrations.verl.agent_loop import EnvAgentLoop
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     cfg = _cfg(tmp_path, "searchqa", model="tiny-random")
     cfg.save(tmp_path / "config.json")

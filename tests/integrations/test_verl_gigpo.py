@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
 
-from icsd_audit.integrations.verl_gigpo import (NEEDS_ICSD_SYNC, Sessions, compute_gigpo_advantage,  # noqa: E402
+from icsd_audit.integrations.verl.gigpo import (NEEDS_ICSD_SYNC, Sessions, compute_gigpo_advantage,  # noqa: E402
                                                 register_estimator, turn_anchors)
-from icsd_audit.train.advantages import TurnRecords, gigpo_advantages  # noqa: E402
+from icsd_audit.train.update.advantages import TurnRecords, gigpo_advantages  # noqa: E402
 
 pytestmark = pytest.mark.engines
 torch.set_num_threads(1)
@@ -182,7 +182,7 @@ def test_without_anchors_plain_verl_gets_one_line():
 def test_another_gigpo_in_verl_is_refused(monkeypatch):
     from verl.trainer.ppo import core_algos
 
-    from icsd_audit.integrations.verl import VerlCompatError
+    from icsd_audit.integrations.verl.plugin import VerlCompatError
 
     def compute_gigpo_outcome_advantage(**_):  # e.g. a verl-agent build's own estimator
         return None

@@ -22,7 +22,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from icsd_audit.alloc.variants import allocate  # noqa: E402
 from icsd_audit.integrations.checks import BatchInputError  # noqa: E402
 from icsd_audit.integrations.core import C_KEY, TEACHER_KEY, stable_traj_id  # noqa: E402
-from icsd_audit.integrations.verl_loss import MicroBatchScope, icsd_ppo_loss  # noqa: E402
+from icsd_audit.integrations.verl.loss import MicroBatchScope, icsd_ppo_loss  # noqa: E402
 
 pytestmark = pytest.mark.engines
 torch.set_num_threads(1)
@@ -151,7 +151,7 @@ def test_micro_batch_scope_allocates_from_the_micro_batchs_own_forward(tmp_path)
     import pyarrow.parquet as pq
 
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
 
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
     assert [p.name for p in shards] == ["part-000000-r00000.parquet"]
@@ -166,7 +166,7 @@ def test_micro_batch_scope_allocates_from_the_micro_batchs_own_forward(tmp_path)
     assert (alloc["allocator"], alloc["trust"], alloc["min_group"], alloc["alloc_scope"], alloc["ratio_source"]) == (
         "icsd", "laplace", 3, "micro-batch", "own-forward")
     assert (prod["engine"], prod["rank"], prod["world_size"]) == ("verl", 0, 1)
-    from icsd_audit.dumps.verify import verify_dumps
+    from icsd_audit.audit.verify import verify_dumps
 
     assert verify_dumps(shards).ok  # `icsd audit verify`: the shard's own provenance reproduces its g, m, c
     assert t.num_rows == n
@@ -251,7 +251,7 @@ def test_distillation_registry_losses_are_c_times_k1(monkeypatch, tmp_path, mode
 def test_distillation_registry_knows_the_names_and_refuses_top_k_teachers(monkeypatch):
     from verl.trainer.distillation.losses import DISTILLATION_LOSS_REGISTRY, get_distillation_loss_settings
 
-    from icsd_audit.integrations.verl_distill import LOSS_ALLOCATORS, icsd_distillation_loss
+    from icsd_audit.integrations.verl.distill import LOSS_ALLOCATORS, icsd_distillation_loss
 
     for name in LOSS_ALLOCATORS:
         assert DISTILLATION_LOSS_REGISTRY[name] is icsd_distillation_loss
@@ -290,7 +290,7 @@ def test_registry_losses_take_every_setting_from_the_environment(monkeypatch):
 def test_registry_losses_refuse_the_legacy_trainers_rows_naming_trainer_use_v1():
     """verl's legacy trainer (trainer.use_v1=false) hands the loss rows without session_id: one line, not
     'the micro-batch names no trajectories'."""
-    from icsd_audit.integrations.verl_distill import icsd_distillation_loss
+    from icsd_audit.integrations.verl.distill import icsd_distillation_loss
 
     actor_cfg, dist_cfg = _configs(loss_mode="sdar")
     _, _, td, out, _ = _batch(7, teacher_layout="verl")

@@ -22,13 +22,13 @@ from tensordict import TensorDict  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 
-from icsd_audit.integrations import verl as iv  # noqa: E402
+from icsd_audit.integrations.verl import plugin as iv  # noqa: E402
 from icsd_audit.integrations.core import allocate_padded, turn_ids_from_mask  # noqa: E402
-from icsd_audit.integrations.verl_trainer import (ICSDVerlConfig, register, trajectory_turns,  # noqa: E402
+from icsd_audit.integrations.verl.trainer import (ICSDVerlConfig, register, trajectory_turns,  # noqa: E402
                                                   v1_mini_batch_ids)
-from icsd_audit.train.models import tiny_random_causal_lm  # noqa: E402
-from icsd_audit.train.prompts import skill_block  # noqa: E402
-from icsd_audit.train.skills import load_skillbank  # noqa: E402
+from icsd_audit.train.models.loading import tiny_random_causal_lm  # noqa: E402
+from icsd_audit.train.rollout.prompts import skill_block  # noqa: E402
+from icsd_audit.train.teacher.skills import load_skillbank  # noqa: E402
 
 pytestmark = pytest.mark.engines
 torch.set_num_threads(1)
@@ -199,7 +199,7 @@ def test_icsd_sync_driver_step(setup, tmp_path):
     assert metrics["icsd/c_mass"] == pytest.approx(metrics["icsd/g_mass"]) and 0 <= metrics["icsd/fallback_share"] <= 1
 
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.dumps.coeffs import compute_coefficients
+    from icsd_audit.audit.coeffs import compute_coefficients
     import pyarrow.parquet as pq
 
     shards = sorted((tmp_path / "dumps").glob("*.parquet"))
@@ -207,7 +207,7 @@ def test_icsd_sync_driver_step(setup, tmp_path):
     import verl
 
     from icsd_audit.dumps.reader import read_metadata
-    from icsd_audit.dumps.settings import deployed_options
+    from icsd_audit.audit.settings import deployed_options
 
     meta = read_metadata(shards[0])  # SPEC 9: the deployed settings, the engine, the driver writing for dp 2
     assert meta["allocator"] == {"allocator": "icsd", "trust": "laplace", "trust_beta": 5.0, "trust_eta": 0.4,
@@ -389,7 +389,7 @@ def test_icsd_sync_micro_batch_scope_hands_the_allocation_to_the_worker_loss(tmp
     """+icsd.alloc_scope=micro-batch: the driver runs the teacher pass and stores the teacher log-probs, each row's
     first turn index within its session and the step; it allocates nothing and writes no dump (the worker loss
     allocates every micro-batch from its own forward and writes them)."""
-    from icsd_audit.integrations.verl_loss import STEP_KEY, TURN_OFFSET_KEY, MicroBatchScope
+    from icsd_audit.integrations.verl.loss import STEP_KEY, TURN_OFFSET_KEY, MicroBatchScope
 
     tr, store, model, tok = _trainer(tmp_path, monkeypatch, extra=["+icsd.alloc_scope=micro-batch",
                                                                    "+icsd.trust=sigmoid"])

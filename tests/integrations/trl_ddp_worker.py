@@ -10,9 +10,9 @@ import datasets  # noqa: E402
 
 from trl import GRPOConfig  # noqa: E402
 
-from icsd_audit.integrations.trl import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt  # noqa: E402
-from icsd_audit.train.models import tiny_random_causal_lm  # noqa: E402
-from icsd_audit.train.skills import load_skillbank  # noqa: E402
+from icsd_audit.integrations.trl.trainer import ICSDConfig, ICSDGRPOTrainer, skill_teacher_prompt  # noqa: E402
+from icsd_audit.train.models.loading import tiny_random_causal_lm  # noqa: E402
+from icsd_audit.train.teacher.skills import load_skillbank  # noqa: E402
 
 
 class Recording(ICSDGRPOTrainer):

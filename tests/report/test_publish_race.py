@@ -30,7 +30,7 @@ def _publisher(tag: str, root: str, barrier: "mp.synchronize.Barrier", errors: "
     import time
 
     if not exchange:
-        outputs._exchange = lambda a, b: False  # a file system without renameat2's RENAME_EXCHANGE
+        outputs.exchange_paths = lambda a, b: False  # a file system without renameat2's RENAME_EXCHANGE
     lexists = os.path.lexists
 
     def slow_lexists(path: object) -> bool:  # widen the window between "no folder yet" and the rename

@@ -20,7 +20,7 @@ from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import dump_metadata, write_table_atomic
 from icsd_audit.envs.alfworld import engine_available
 
-from tests.cli.test_outputs import cli
+from tests.helpers import cli
 
 META = dump_metadata(producer="test", synthetic=True)
 SMALL = ["--set", "group_size=2", "--set", "max_turns=2", "--set", "max_response_tokens=8",

@@ -190,26 +190,3 @@ def test_out_folder_is_a_self_contained_page_with_figures(tmp_path):
                "--resamples", "50").returncode == 0
     res = cli("compare", str(tmp_path / "runs"), "--metric", "rollout/success", "--out", str(tmp_path / "runs"))
     assert res.returncode == 2 and "did not write" in res.stderr
-
-
-def test_fast_reader_equals_the_careful_one(tmp_path, monkeypatch):
-    """polars' NDJSON path (large files) gives the columns and the logged/null distinction of json per line."""
-    from icsd_audit.runs import folders as F
-
-    monkeypatch.setattr(F, "_FAST_MIN_BYTES", 0)
-    crafted = tmp_path / "metrics.jsonl"
-    crafted.write_text('{"step": 1, "a": 0.5, "eval/x": null, "t": "s", "f": true}\n'
-                       '{"step": 0, "a": 2, "b": null, "f": false}\n{"step": 2, "a": 1e300, "eval/x": 0.25, "f": true}\n')
-    files = [crafted, ROOT / "examples" / "cpu-demo" / "metrics.jsonl", *sorted(CURVES.glob("*/metrics.jsonl"))]
-    for path in files:
-        fast = F._fast_columns(path, None)
-        assert fast is not None, path
-        slow = F._columns(F._records(path), path, None)
-        assert (fast[0] == slow[0]).all() and set(fast[1]) == set(slow[1]), (path, set(fast[1]) ^ set(slow[1]))
-        for k in slow[1]:
-            assert np.array_equal(fast[1][k], slow[1][k], equal_nan=True), (path, k)
-            assert (fast[2][k] == slow[2][k]).all(), (path, k)
-    fast = F._fast_columns(crafted, None)
-    assert fast[2]["eval/x"].tolist() == [False, True, True] and fast[2]["b"].tolist() == [True, False, False]
-    crafted.write_text('{"step": 0, "a": 1}\n{"step": 0, "a": 2}\n')  # a step twice: the careful path decides
-    assert F._fast_columns(crafted, None) is None

@@ -89,7 +89,7 @@ def test_mechanism_from_dumps_uses_the_settings_the_dumps_record_not_the_config(
         assert series[key].values.tolist() == pytest.approx(logged(lied, key), rel=1e-6, abs=1e-9), key
     # the config's settings give other values: the test would see them
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.stats.run import AuditRequest, run_audit
+    from icsd_audit.audit.run import AuditRequest, run_audit
 
     o = AllocatorOptions(allocator="sdar", trust="sigmoid", trust_beta=2.0, min_group=2)
     res = run_audit([lied / "dumps"], AuditRequest(base=o, compare=AllocatorOptions(trust="sigmoid", trust_beta=2.0),
@@ -123,7 +123,7 @@ def test_mechanism_from_dumps_without_recorded_settings_takes_the_run_config(tin
                "(icsd" in line for line in lines), lines
     # the config's settings (here: sigmoid trust, beta 2, min_group 4), not SPEC's defaults (Laplace, 8)
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.stats.run import AuditRequest, run_audit
+    from icsd_audit.audit.run import AuditRequest, run_audit
 
     def tcm(**opts: object) -> list[float]:
         with warnings.catch_warnings():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -52,12 +51,17 @@ def test_resampled_sums_identical_for_every_worker_count() -> None:
 
 
 def test_a_failing_child_is_an_error_not_a_hang() -> None:
+    import multiprocessing
+
     parent = os.getpid()
+    child_failed = multiprocessing.get_context("fork").Event()  # shared with the forked workers
 
     def block(b: int) -> np.ndarray:
         if os.getpid() != parent:
+            child_failed.set()
             raise MemoryError("child out of memory")
-        time.sleep(0.02)  # a slow parent: the child surely takes (and fails on) a block before the queue runs dry
+        # the parent waits for a child to take (and fail on) a block, so it cannot drain the queue alone
+        child_failed.wait(timeout=60)
         return _block(b)
 
     with pytest.raises(RuntimeError, match="bootstrap worker process"):

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from icsd_audit.train.actor import (
+from icsd_audit.alloc.settings import AllocatorSettings
+from icsd_audit.train.update.actor import (
     Actor,
     Distillation,
     NoDistillation,
     StepData,
     batch_id_for,
 )
-from icsd_audit.train.losses import kd_loss, low_var_kl, ppo_dual_clip_loss, token_losses
+from icsd_audit.train.update.losses import kd_loss, low_var_kl, ppo_dual_clip_loss, token_losses
 
 LOG = math.log
 
@@ -127,14 +128,14 @@ def test_batch_ids_are_unique_across_steps():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     return tiny_random_causal_lm(seed=3, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)
 
 
 def _data(model, tok, n_rows=6, seed=0) -> StepData:
     """Rows with random prompts/responses whose old log-probs are the model's own."""
-    from icsd_audit.train.logprobs import score_rows
+    from icsd_audit.train.update.logprobs import score_rows
 
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 250, (int(torch.randint(5, 12, (1,), generator=g)),), generator=g).tolist()
@@ -154,7 +155,7 @@ def _data(model, tok, n_rows=6, seed=0) -> StepData:
 
 def _actor(model, tok, *, micro: int, mini: int, distill=True, skip=True, allocator="icsd", **kw) -> Actor:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    d = Distillation(allocator=allocator, trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5) \
+    d = Distillation(AllocatorSettings(allocator=allocator, min_group=2), coef=0.5) \
         if distill else NoDistillation()
     return Actor(model, opt, distill=d, clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, temperature=1.0,
                  mini_batch_rows=mini, micro_batch_rows=micro, ppo_epochs=1, grad_clip=1e9, skip_first_prepass=skip,
@@ -303,7 +304,7 @@ def test_micro_batch_scope_allocates_each_micro_batch_without_a_prepass(tiny):
 def test_teacher_rescore_uses_current_weights_after_the_first_mini_batch(tiny):
     import copy
 
-    from icsd_audit.train.logprobs import score_rows
+    from icsd_audit.train.update.logprobs import score_rows
 
     model, tok = tiny
     data = _data(model, tok, seed=7)

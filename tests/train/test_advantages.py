@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from icsd_audit.train.advantages import (
+from icsd_audit.train.update.advantages import (
     ESTIMATORS,
     TurnRecords,
     anchor_id,
@@ -393,7 +393,7 @@ def test_tied_group_gives_exact_zero_advantage() -> None:
     """0.1 three times: sum/3 rounds to 0.10000000000000002, yet the advantage must be 0."""
     import torch as _t
 
-    from icsd_audit.train.advantages import group_normalize
+    from icsd_audit.train.update.advantages import group_normalize
 
     v = _t.tensor([0.1, 0.1, 0.1, 1.0, 2.0], dtype=_t.float64)
     ids = _t.tensor([0, 0, 0, 1, 1])

@@ -40,7 +40,7 @@ def test_weights_only_checkpoint_is_smaller_and_resumes(tmp_path: Path, bank: st
     full = train(tiny_cfg(tmp_path / "full", bank, total_steps=1, checkpoint_every=1), env_factory=varied_factory())
     lean = train(tiny_cfg(tmp_path / "lean", bank, total_steps=1, checkpoint_every=1, checkpoint_optimizer=False),
                  env_factory=varied_factory())
-    from icsd_audit.train.checkpoint import TENSOR_FILE, load_trainer_state
+    from icsd_audit.train.run.checkpoint import TENSOR_FILE, load_trainer_state
 
     sf, sl = (load_trainer_state(r.checkpoint) for r in (full, lean))
     assert sf["optimizer"]["state"] and sl["optimizer"] is None and sl["next_step"] == 1
@@ -82,7 +82,7 @@ def test_trainer_state_round_trips_without_pickle(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from icsd_audit.train.checkpoint import STATE_FILE, TENSOR_FILE, load_trainer_state, save_checkpoint
+    from icsd_audit.train.run.checkpoint import STATE_FILE, TENSOR_FILE, load_trainer_state, save_checkpoint
 
     opt = _trained_optimizer()
     random.seed(5), np.random.seed(6), torch.manual_seed(7)
@@ -105,7 +105,7 @@ def test_trainer_state_round_trips_without_pickle(tmp_path: Path) -> None:
         for k, v in s.items():
             assert got["state"][pid][k].dtype == v.dtype and torch.equal(got["state"][pid][k], v)
     # the loaded optimizer state drives a fresh optimizer to the same next step
-    from icsd_audit.train.checkpoint import set_rng_state
+    from icsd_audit.train.run.checkpoint import set_rng_state
 
     set_rng_state(state["rng"])
     assert (random.random(), float(np.random.random()), float(torch.rand(()))) == want
@@ -117,7 +117,7 @@ def test_a_legacy_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
 
     import pytest
 
-    from icsd_audit.train.checkpoint import LEGACY_STATE_FILE, CheckpointError, load_trainer_state
+    from icsd_audit.train.run.checkpoint import LEGACY_STATE_FILE, CheckpointError, load_trainer_state
 
     marker = tmp_path / "PWNED"
 
@@ -139,7 +139,7 @@ def test_a_legacy_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
 def test_a_legacy_checkpoint_of_plain_data_still_loads(tmp_path: Path) -> None:
     import numpy as np
 
-    from icsd_audit.train.checkpoint import LEGACY_STATE_FILE, latest_checkpoint, load_trainer_state, rng_state
+    from icsd_audit.train.run.checkpoint import LEGACY_STATE_FILE, latest_checkpoint, load_trainer_state, rng_state
 
     opt = _trained_optimizer()
     ck = tmp_path / "checkpoints" / "step-000002"
@@ -153,7 +153,7 @@ def test_a_legacy_checkpoint_of_plain_data_still_loads(tmp_path: Path) -> None:
 
 
 def test_pruning_never_removes_the_checkpoint_just_written(tmp_path: Path) -> None:
-    from icsd_audit.train.checkpoint import latest_checkpoint, save_checkpoint
+    from icsd_audit.train.run.checkpoint import latest_checkpoint, save_checkpoint
 
     opt = _trained_optimizer()
     kw = dict(model=_Saver("config.json"), tokenizer=_Saver("tokenizer.json"), optimizer=opt, config={})
@@ -174,7 +174,7 @@ def test_a_killed_save_leaves_a_staging_folder_that_the_next_save_removes(tmp_pa
     import sys
 
     from icsd_audit.outputs import staging_dir
-    from icsd_audit.train.checkpoint import latest_checkpoint, save_checkpoint
+    from icsd_audit.train.run.checkpoint import latest_checkpoint, save_checkpoint
 
     # a staging folder named by a process that no longer runs, as a SIGKILLed save leaves it
     code = ("import sys; from pathlib import Path; from icsd_audit.outputs import staging_dir; "
@@ -194,7 +194,7 @@ def test_model_folders_run_no_shipped_code_unless_asked(tmp_path: Path) -> None:
 
     import pytest
 
-    from icsd_audit.train.models import load_model, tiny_random_causal_lm
+    from icsd_audit.train.models.loading import load_model, tiny_random_causal_lm
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from icsd_audit.train.hybrid import (Hybrid, HybridSpec, get_hybrid, hybrid_names, register_hybrid, rlsd_lambda,
+from icsd_audit.alloc.settings import AllocatorSettings
+from icsd_audit.train.update.hybrid import (Hybrid, HybridSpec, get_hybrid, hybrid_names, register_hybrid, rlsd_lambda,
                                      rlsd_token_advantage, sdl_loss)
-from icsd_audit.train.losses import low_var_kl, ppo_dual_clip_loss, token_losses
+from icsd_audit.train.update.losses import low_var_kl, ppo_dual_clip_loss, token_losses
 
 LOG = math.log
 
@@ -192,7 +193,7 @@ def test_config_defaults_are_sdars_scripts_and_switches_validate():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     return tiny_random_causal_lm(seed=3, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)
 
@@ -236,7 +237,7 @@ def _by_hand(model, data, *, step: int, hybrid: Hybrid, kl_coef: float, lr: floa
 @pytest.mark.parametrize("hybrid", [Hybrid("rlsd"), Hybrid("rlsd", rlsd_lambda=1.0, rlsd_clip_eps=0.05),
                                     Hybrid("skill-sd", sdl_coef=0.5)], ids=["rlsd", "rlsd-lam1", "skill-sd"])
 def test_actor_update_equals_the_loss_written_out(tiny, hybrid):
-    from icsd_audit.train.actor import Actor, NoDistillation
+    from icsd_audit.train.update.actor import Actor, NoDistillation
 
     model, tok = tiny
     data = _data(model, tok, seed=11)
@@ -262,10 +263,10 @@ def test_actor_update_equals_the_loss_written_out(tiny, hybrid):
 
 
 def test_actor_refuses_a_hybrid_with_an_allocation(tiny):
-    from icsd_audit.train.actor import Actor, Distillation
+    from icsd_audit.train.update.actor import Actor, Distillation
 
     model, tok = tiny
-    d = Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0, coef=0.5)
+    d = Distillation(AllocatorSettings(allocator="icsd", min_group=2), coef=0.5)
     with pytest.raises(ValueError, match="NoDistillation"):
         Actor(model, torch.optim.SGD(model.parameters(), lr=0.1), distill=d, clip_ratio=0.2, dual_clip=3.0,
               kl_coef=0.1, temperature=1.0, mini_batch_rows=6, micro_batch_rows=2, ppo_epochs=1, grad_clip=1e9,

@@ -1,9 +1,4 @@
-"""A training log that never goes quiet and never floods (issue 24 item 3).
-
-Before: ~50 s between pip and the first line showed only a GGUF bar written as one
-832-character line of carriage returns when piped; the actor update printed nothing for
-256-265 s; the terminal bar showed ``ETA -:--:--`` through step 1.
-"""
+"""A training log that never goes quiet and never floods: timed whole lines, keep-alive lines in silences."""
 
 from __future__ import annotations
 
@@ -17,42 +12,67 @@ import time
 from pathlib import Path
 
 from icsd_audit.cli.progress import eta_text, routed_logs
-from icsd_audit.train.metrics import PrintReporter
+from icsd_audit.train.run.metrics import PrintReporter
 
 CLOCK = r"\[\d+:\d\d\]"
 
 
+class FakeClock:
+    """A clock the test moves by hand: the reporter reads it instead of the wall clock."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wait(self, rep: PrintReporter, seconds: float, tick: float = 0.05) -> None:
+        """``seconds`` pass, the keep-alive looking every ``tick``."""
+        for _ in range(round(seconds / tick)):
+            self.t += tick
+            rep.check_quiet()
+
+
 def test_keepalive_names_what_runs_when_nothing_else_was_said() -> None:
-    out = io.StringIO()
-    rep = PrintReporter(stream=out, quiet_seconds=0.2)
-    with rep.keepalive():
-        rep.event("converting the embedded model (once per cache)", running=True)
-        time.sleep(0.75)
-        rep.event("converted the embedded model in 0.7 s")
-        rep.start(total_steps=2, start_step=0, out_dir="runs/x")
-        rep.phase(0, "actor")
-        rep.progress(0, "actor", 1, 4, "mini-batch")
-        time.sleep(0.75)
+    out, now = io.StringIO(), FakeClock()
+    rep = PrintReporter(stream=out, quiet_seconds=0.2, now=now)
+    rep.event("converting the embedded model (once per cache)", running=True)
+    now.wait(rep, 0.75)
+    rep.event("converted the embedded model in 0.7 s")
+    rep.start(total_steps=2, start_step=0, out_dir="runs/x")
+    rep.phase(0, "actor")
+    rep.progress(0, "actor", 1, 4, "mini-batch")
+    now.wait(rep, 0.75)
     lines = out.getvalue().split("\n")
     assert lines[-1] == "" and all("\r" not in ln for ln in lines)
     conv = [ln for ln in lines if re.fullmatch(rf"{CLOCK} converting the embedded model \(once per cache\): running for 0:0\d", ln)]
-    assert len(conv) >= 2, lines  # one every 0.2 s of silence, none after the conversion ended
+    assert len(conv) == 3, lines  # one every 0.2 s of silence (0.2, 0.4, 0.6 s), none after the conversion ended
     actor = [ln for ln in lines if re.fullmatch(rf"{CLOCK} step 0 actor update: running for 0:0\d, mini-batch 1/4 done", ln)]
-    assert len(actor) >= 2, lines
+    assert len(actor) == 3, lines
     i_conv = next(i for i, ln in enumerate(lines) if re.fullmatch(rf"{CLOCK} converted the embedded model in 0.7 s", ln))
     assert all("converting" not in ln for ln in lines[i_conv + 1:])
     assert re.fullmatch(rf"{CLOCK} step 0 actor update: mini-batch 1/4 \(\d+\.\d s\)", lines[i_conv + 2]), lines
 
 
 def test_no_keepalive_line_while_lines_keep_coming() -> None:
-    out = io.StringIO()
-    rep = PrintReporter(stream=out, quiet_seconds=0.5)
-    with rep.keepalive():
-        rep.phase(0, "rollout")
-        for _ in range(8):
-            time.sleep(0.1)
-            rep.message("busy")
+    out, now = io.StringIO(), FakeClock()
+    rep = PrintReporter(stream=out, quiet_seconds=0.5, now=now)
+    rep.phase(0, "rollout")
+    for _ in range(8):
+        now.wait(rep, 0.1)
+        rep.message("busy")
     assert "running for" not in out.getvalue()
+    now.wait(rep, 0.6)  # then a silence: the line comes
+    assert out.getvalue().count("running for") == 1
+
+
+def test_the_keepalive_thread_stops_with_its_block() -> None:
+    import threading
+
+    rep = PrintReporter(stream=io.StringIO(), quiet_seconds=0.2)
+    with rep.keepalive():
+        assert any(t.name == "icsd-keepalive" for t in threading.enumerate())
+    assert not any(t.name == "icsd-keepalive" for t in threading.enumerate())
 
 
 def test_eta_from_measured_steps() -> None:
@@ -67,8 +87,8 @@ def test_library_lines_and_transformers_warnings_go_through_the_reporter() -> No
     rep = PrintReporter(stream=out)
     before = list(logging.getLogger("transformers").handlers)
     with routed_logs(rep):
-        logging.getLogger("icsd_audit.train.models").info("loaded model x in %.1f s", 1.25)
-        logging.getLogger("icsd_audit.train.models").debug("not shown")
+        logging.getLogger("icsd_audit.train.models.loading").info("loaded model x in %.1f s", 1.25)
+        logging.getLogger("icsd_audit.train.models.loading").debug("not shown")
         logging.getLogger("transformers.generation").warning("a warning\nover two lines")
     assert logging.getLogger("transformers").handlers == before
     assert out.getvalue().splitlines() == ["[0:00] loaded model x in 1.2 s",

@@ -154,8 +154,8 @@ def test_recomputed_allocation_equals_deployed(tmp_path, bank, allocator, scope)
     storage), and ``icsd audit verify`` agrees."""
     from icsd_audit.alloc.options import AllocatorOptions, allocate_batch
     from icsd_audit.dumps.reader import DumpReader
-    from icsd_audit.dumps.settings import deployed_options
-    from icsd_audit.dumps.verify import verify_dumps
+    from icsd_audit.audit.settings import deployed_options
+    from icsd_audit.audit.verify import verify_dumps
     from icsd_audit.train.loop import train
 
     cfg = tiny_cfg(tmp_path / "run", bank, allocator=allocator, alloc_seed=7, alloc_scope=scope)
@@ -232,9 +232,9 @@ def test_sampler_ignores_the_models_generation_defaults():
     the raw logits divided by T (they would not if any of those leaked in)."""
     import torch
 
-    from icsd_audit.train.models import tiny_random_causal_lm
-    from icsd_audit.train.logprobs import score_rows
-    from icsd_audit.train.rollout import sample, sampling_config
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+    from icsd_audit.train.update.logprobs import score_rows
+    from icsd_audit.train.rollout.collect import sample, sampling_config
 
     model, tok = tiny_random_causal_lm(seed=1, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)
     gcm = model.generation_config
@@ -272,7 +272,7 @@ def test_baseline_switches_validate():
 def test_pg_coef_zero_leaves_kl_and_distillation_only():
     import torch
 
-    from icsd_audit.train.losses import token_losses
+    from icsd_audit.train.update.losses import token_losses
 
     logp = torch.tensor([-1.0, -2.0])
     kw = dict(logp=logp, old_logp=torch.tensor([-1.1, -1.9]), advantage=torch.tensor([1.0, -1.0]),
@@ -296,9 +296,9 @@ def test_skill_grpo_student_sees_the_skill_in_training_only(tmp_path, bank):
 
 
 def test_student_builder_prepends_the_skill_block():
-    from icsd_audit.train.models import tiny_random_causal_lm
-    from icsd_audit.train.prompts import TurnContext, skill_block
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+    from icsd_audit.train.rollout.prompts import TurnContext, skill_block
+    from icsd_audit.train.rollout.collect import PromptBuilder
 
     _, tok = tiny_random_causal_lm(seed=0)
     ctx = TurnContext(task="buy a lamp", observation="Search", actions=("search[<your query>]",), env="webshop")

@@ -49,7 +49,7 @@ def test_cli_lora_run_writes_adapter_only_checkpoint_and_dumps_audit_recomputes(
     import pyarrow.parquet as pq
     from safetensors.torch import load_file
 
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     run = tmp_path / "D"
     r = _icsd("train", "--model", "tiny-random", "--lora", "4", "--steps", "1", "--out", str(run), "--plain")
@@ -63,7 +63,7 @@ def test_cli_lora_run_writes_adapter_only_checkpoint_and_dumps_audit_recomputes(
     base, _ = tiny_random_causal_lm(seed=0)
     want = _adapter_numel(base, 4)  # 2 blocks x 7 linears x 4 x (in + out)
     assert sum(t.numel() for t in tensors.values()) == want
-    from icsd_audit.train.checkpoint import load_trainer_state
+    from icsd_audit.train.run.checkpoint import load_trainer_state
 
     state = load_trainer_state(ckpt)
     moments = [s for s in state["optimizer"]["state"].values()]
@@ -115,8 +115,8 @@ def test_lora_dumps_are_recomputed_exactly_on_varied_rewards(tmp_path, bank):
 
 
 def test_reference_scope_is_the_base_or_the_initial_adapter(tmp_path):
-    from icsd_audit.train import lora as lo
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models import lora as lo
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     ids = torch.tensor([[1, 40, 41, 42, 43, 44]])
     plain = _logits(tiny_random_causal_lm(seed=3)[0], ids)
@@ -163,10 +163,11 @@ def test_resume_of_a_lora_run_repeats_the_next_step(tmp_path, bank):
 
 
 def test_init_from_an_adapter_or_a_full_model(tmp_path, bank):
-    from icsd_audit.train import lora as lo
+    from icsd_audit.train.models import lora as lo
     from icsd_audit.train.config import ConfigError
-    from icsd_audit.train.loop import _models, train
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.loop import train
+    from icsd_audit.train.setup import build_models
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     first = train(tiny_cfg(tmp_path / "sft", bank, lora_rank=4, lr=0.05, checkpoint_every=1),
                   env_factory=varied_factory())
@@ -176,7 +177,7 @@ def test_init_from_an_adapter_or_a_full_model(tmp_path, bank):
     assert not torch.allclose(expect, _logits(tiny_random_causal_lm(seed=0)[0], ids))
     cfg = tiny_cfg(tmp_path / "warm", bank, init=str(adapter)).validate()
     assert cfg.lora_enabled
-    m = _models(cfg, device=torch.device("cpu"), ckpt=None, precision="float32")
+    m = build_models(cfg, device=torch.device("cpu"), ckpt=None, precision="float32")
     assert torch.equal(_logits(m.policy, ids), expect)  # training starts from the adapter
     with lo.reference_scope(m.policy, True) as ref:
         assert torch.equal(_logits(ref, ids), expect)  # and the KL pulls towards it, not towards the base
@@ -184,13 +185,13 @@ def test_init_from_an_adapter_or_a_full_model(tmp_path, bank):
     with pytest.raises(ConfigError, match="rank-4 adapter"):
         tiny_cfg(tmp_path / "x", bank, init=str(adapter), lora_rank=8).validate()
     with pytest.raises(lo.AdapterError, match="trained over base 'tiny-random'"):
-        _models(tiny_cfg(tmp_path / "y", bank, init=str(adapter), model="embedded"), device=torch.device("cpu"),
+        build_models(tiny_cfg(tmp_path / "y", bank, init=str(adapter), model="embedded"), device=torch.device("cpu"),
                 ckpt=None, precision="float32")
     # a full model folder: it replaces model
     full, tok = tiny_random_causal_lm(seed=5)
     full.save_pretrained(tmp_path / "full")
     tok.save_pretrained(tmp_path / "full")
-    m2 = _models(tiny_cfg(tmp_path / "z", bank, init=str(tmp_path / "full")).validate(), device=torch.device("cpu"),
+    m2 = build_models(tiny_cfg(tmp_path / "z", bank, init=str(tmp_path / "full")).validate(), device=torch.device("cpu"),
                  ckpt=None, precision="float32")
     assert torch.equal(_logits(m2.policy, ids), _logits(full, ids))
     with pytest.raises(ConfigError, match="neither a LoRA adapter folder"):
@@ -198,9 +199,9 @@ def test_init_from_an_adapter_or_a_full_model(tmp_path, bank):
 
 
 def test_eval_with_adapter_and_merged_export(tmp_path, bank):
-    from icsd_audit.train import lora as lo
+    from icsd_audit.train.models import lora as lo
     from icsd_audit.train.loop import train
-    from icsd_audit.train.models import load_model, tiny_random_causal_lm
+    from icsd_audit.train.models.loading import load_model, tiny_random_causal_lm
 
     res = train(tiny_cfg(tmp_path / "run", bank, lora_rank=4, lr=0.05, checkpoint_every=1),
                 env_factory=varied_factory())

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from icsd_audit.train.logprobs import pack, response_logprobs
+from icsd_audit.train.update.logprobs import pack, response_logprobs
 from icsd_audit.train.loop import train
-from icsd_audit.train.memory import checkpointed_blocks, decoder_blocks, release_freed_memory
-from icsd_audit.train.models import tiny_random_causal_lm
+from icsd_audit.train.models.memory import checkpointed_blocks, decoder_blocks, release_freed_memory
+from icsd_audit.train.models.loading import tiny_random_causal_lm
 
 from .test_loop import bank, tiny_cfg, varied_factory  # noqa: F401  (bank is a fixture)
 
@@ -78,7 +78,7 @@ def test_memory_savers_leave_metrics_and_dumps_unchanged(tmp_path: Path, bank: s
         for col in a.column_names:
             assert a.column(col).equals(b.column(col)), (name, col)
     # the checkpoints' optimizer state (spilled and read back in between) is the same too
-    from icsd_audit.train.checkpoint import load_trainer_state
+    from icsd_audit.train.run.checkpoint import load_trainer_state
 
     sa = load_trainer_state(plain.checkpoint)["optimizer"]["state"]
     sb = load_trainer_state(lean.checkpoint)["optimizer"]["state"]
@@ -90,7 +90,7 @@ def test_memory_savers_leave_metrics_and_dumps_unchanged(tmp_path: Path, bank: s
 
 
 def test_optimizer_spill_round_trip_is_exact_and_frees_the_state(tmp_path: Path) -> None:
-    from icsd_audit.train.memory import OptimizerSpill
+    from icsd_audit.train.models.memory import OptimizerSpill
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(50, 7))
@@ -118,6 +118,6 @@ def test_release_freed_memory_is_safe_to_call() -> None:
 def test_map_large_allocations_is_safe_to_call() -> None:
     import sys
 
-    from icsd_audit.train.memory import map_large_allocations
+    from icsd_audit.train.models.memory import map_large_allocations
 
     assert map_large_allocations() is (sys.platform.startswith("linux"))  # glibc on Linux

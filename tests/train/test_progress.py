@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from icsd_audit.train.metrics import PrintReporter, clock
+from icsd_audit.train.run.metrics import PrintReporter, clock
 
 
 def test_clock() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from icsd_audit.train.models import chat_prompt, tiny_random_causal_lm
-from icsd_audit.train.prompts import (
+from icsd_audit.train.models.loading import chat_prompt, tiny_random_causal_lm
+from icsd_audit.train.rollout.prompts import (
     REPLY_FORMAT,
     SKILL_HEADER,
     HistoryEntry,
@@ -113,7 +113,7 @@ def test_prompt_ends_with_generation_header(tok):
 
 
 def _tiny_tok():
-    from icsd_audit.train.policy import policy_tokenizer
+    from icsd_audit.train.rollout.policy import policy_tokenizer
 
     return policy_tokenizer("tiny-random")
 
@@ -121,7 +121,7 @@ def _tiny_tok():
 def test_search_r1_context_is_the_first_prompt_grown_by_cut_replies_and_observations():
     from icsd_audit.envs.searchqa.data import SEARCH_R1_PREFIX
     from icsd_audit.envs.searchqa.protocol import INVALID_MESSAGE
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.rollout.collect import PromptBuilder
 
     tok = _tiny_tok()
     b = PromptBuilder(tok, env="searchqa", history_window=2, max_prompt_tokens=4096, protocol="search-r1")
@@ -144,8 +144,8 @@ def test_search_r1_context_is_the_first_prompt_grown_by_cut_replies_and_observat
 
 def test_rollout_grows_the_context_with_the_reply_cut_after_its_search():
     from icsd_audit.envs import make_env
-    from icsd_audit.train.policy import ScriptedPolicy
-    from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
+    from icsd_audit.train.rollout.policy import ScriptedPolicy
+    from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, collect_rollouts
 
     tok = _tiny_tok()
     env = make_env("searchqa", split="eval", max_steps=2)
@@ -163,7 +163,7 @@ def test_rollout_grows_the_context_with_the_reply_cut_after_its_search():
 
 
 def test_verl_agent_search_prompt_is_its_template_with_memory_lines():
-    from icsd_audit.train.prompts import VERL_AGENT_SEARCH, VERL_AGENT_SEARCH_FIRST
+    from icsd_audit.train.rollout.prompts import VERL_AGENT_SEARCH, VERL_AGENT_SEARCH_FIRST
 
     ctx0 = TurnContext(task="who?", observation="No search results yet.", env="searchqa", protocol="verl-agent")
     assert student_messages(ctx0, history_window=4)[0]["content"] == VERL_AGENT_SEARCH_FIRST.format(task_description="who?")
@@ -179,7 +179,7 @@ def test_verl_agent_search_prompt_is_its_template_with_memory_lines():
 
 def test_enable_thinking_reaches_the_chat_template():
     from icsd_audit.train.config import TrainConfig
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.rollout.collect import PromptBuilder
 
     tok = _tiny_tok()
     # Qwen3's switch, reduced: the non-thinking mode opens the reply with an empty think block

@@ -24,8 +24,9 @@ import pytest
 
 from icsd_audit.envs import make_env
 from icsd_audit.envs.alfworld.engine import engine_available
-from icsd_audit.train.policy import ExpertPolicy, ScriptedPolicy, expert_turns, policy_tokenizer
-from icsd_audit.train.rollout import PromptBuilder, RolloutSettings, collect_rollouts
+from icsd_audit.train.rollout.collect import expert_turns
+from icsd_audit.train.rollout.policy import ExpertPolicy, ScriptedPolicy, policy_tokenizer
+from icsd_audit.train.rollout.collect import PromptBuilder, RolloutSettings, collect_rollouts
 
 TOK = policy_tokenizer("tiny-random")
 

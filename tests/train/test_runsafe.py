@@ -85,12 +85,18 @@ def test_sigterm_mid_step_then_resume_gives_the_uninterrupted_run(tmp_path: Path
     for k in ta:
         assert ta[k].equals(tb[k]), k
     assert sorted(p.name for p in (run / "dumps").iterdir()) == ["step000000", "step000001", "step000002"]
+    # the configuration recorded is the uninterrupted run's (out_dir apart), in config.json and run.json
+    ca, cb = (json.loads((r / "config.json").read_text()) for r in (straight.out_dir, run))
+    assert cb == {**ca, "out_dir": str(run)}
+    ja, jb = (json.loads((r / "run.json").read_text()) for r in (straight.out_dir, run))
+    assert jb["config"] == cb and ja["config"] == ca
+    assert [(j["seed"], j["status"], j["completed_steps"], j["total_steps"]) for j in (ja, jb)] == [(0, "finished", 3, 3)] * 2
 
 
 def test_sigint_during_a_checkpoint_lets_it_finish_then_stops(tmp_path: Path, bank: str,  # noqa: F811
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from icsd_audit.train import loop
-    from icsd_audit.train.checkpoint import latest_checkpoint, load_trainer_state
+    from icsd_audit.train.run.checkpoint import latest_checkpoint, load_trainer_state
 
     save = loop.save_checkpoint
 
@@ -111,15 +117,15 @@ def test_sigint_during_a_checkpoint_lets_it_finish_then_stops(tmp_path: Path, ba
 
 def test_a_stop_before_the_run_starts_writes_nothing(tmp_path: Path, bank: str,  # noqa: F811
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from icsd_audit.train import loop
+    from icsd_audit.train import setup
 
-    load = loop.load_policy
+    load = setup.load_policy
 
     def interrupted(*a, **kw):
         os.kill(os.getpid(), signal.SIGTERM)
         return load(*a, **kw)
 
-    monkeypatch.setattr(loop, "load_policy", interrupted)
+    monkeypatch.setattr(setup, "load_policy", interrupted)
     with pytest.raises(TrainingStopped) as err:
         train(tiny_cfg(tmp_path / "r", bank), env_factory=varied_factory())
     assert err.value.exit_code == 143 and not err.value.started
@@ -174,7 +180,7 @@ def test_a_killed_run_leaves_an_uncommitted_step_that_readers_skip_and_resume_re
 
 def test_a_new_run_into_a_run_folder_is_refused_and_overwrite_moves_it_aside(tmp_path: Path,
                                                                              bank: str) -> None:  # noqa: F811
-    from icsd_audit.train.rundir import RunFolderError
+    from icsd_audit.train.run.folder import RunFolderError
 
     run = tmp_path / "R"
     train(tiny_cfg(run, bank, total_steps=2, checkpoint_every=1), env_factory=varied_factory())
@@ -194,7 +200,7 @@ def test_a_new_run_into_a_run_folder_is_refused_and_overwrite_moves_it_aside(tmp
 def test_out_that_is_or_holds_an_input_is_refused_before_anything_is_written(tmp_path: Path,
                                                                              bank: str) -> None:  # noqa: F811
     from icsd_audit.outputs import OutputError
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     model = tmp_path / "M"
     m, tok = tiny_random_causal_lm(seed=0)
@@ -217,7 +223,8 @@ def test_train_checks_every_value_before_writing_its_first_byte(tmp_path: Path) 
 
     out = tmp_path / "run"
     cases = {
-        ("--seed", "-1"): "--seed: seed=-1 must be an integer >= 0",
+        ("--seed", "-1"): "--seed: seed=-1 must be an integer in 0..4294967295",
+        ("--seed", "99999999999999999999"): "--seed: seed=99999999999999999999 must be an integer in 0..4294967295",
         ("--set", "lr=inf"): "--set lr=inf: lr=inf must be a finite number",
         ("--set", "distill_coef=inf"): "--set distill_coef=inf: distill_coef=inf must be a finite number",
         ("--set", "temperature=nan"): "--set temperature=nan: temperature=nan must be a finite number",
@@ -335,7 +342,7 @@ def test_eval_out_problems_are_reported_before_the_evaluation(tmp_path: Path, mo
 
     from icsd_audit.cli.main import app
     from icsd_audit.train import eval as evaluation
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     monkeypatch.setattr(evaluation, "evaluate", lambda **kw: pytest.fail("evaluated before checking --out"))
     model = tmp_path / "M"

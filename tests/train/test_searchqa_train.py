@@ -36,6 +36,8 @@ def test_searchqa_presets_match_table_a1():
     assert p.mini_batch_rows == 256 * 8 and p.lr == 1e-6 and p.clip_ratio == 0.2
     assert p.kl_coef == 0.001 and p.distill_coef == 0.01 and p.total_steps == 200 and p.eval_tasks == 512
     assert p.retrieval_topk == 3 and p.reward == "score"
+    # SDAR's search scripts: invalid_action_penalty_coef 0.01, lr_warmup_steps_ratio 0.1, verl's greedy validation
+    assert p.invalid_penalty == 0.01 and p.lr_warmup_steps_ratio == 0.1 and p.eval_temperature == 0.0
     d = preset("cpu-demo-searchqa").validate()
     assert d.env == "searchqa" and d.model == "embedded" and d.device == "cpu"
     assert preset_for("paper", "searchqa") == "paper-searchqa" and preset_for("paper", "webshop") == "paper"
@@ -53,7 +55,7 @@ def test_searchqa_settings_are_validated(tmp_path):
 
 
 def test_student_prompt_asks_for_search_r1_tags_and_lists_no_actions():
-    from icsd_audit.train.prompts import TurnContext, student_messages
+    from icsd_audit.train.rollout.prompts import TurnContext, student_messages
 
     ctx = TurnContext(task="who sang Falling Rain?", observation="No search results yet.", actions=None, env="searchqa")
     text = student_messages(ctx)[0]["content"]
@@ -63,7 +65,7 @@ def test_student_prompt_asks_for_search_r1_tags_and_lists_no_actions():
 
 
 def test_teacher_retrieves_skills_by_data_source():
-    from icsd_audit.train.skills import load_skillbank
+    from icsd_audit.train.teacher.skills import load_skillbank
 
     bank = load_skillbank("searchqa")
     q = "Who founded the company that produced The Painted Horizon?"
@@ -74,7 +76,7 @@ def test_teacher_retrieves_skills_by_data_source():
 
 def test_group_success_is_the_unweighted_subset_mean():
     from icsd_audit.train.eval import group_success
-    from icsd_audit.train.rollout import RolloutBatch, Trajectory
+    from icsd_audit.train.rollout.collect import RolloutBatch, Trajectory
 
     env = SearchQAEnv("eval")  # tasks 0..6 are NQ, Triv, Pop, Hotp, 2Wk, MuS, Bam, then again
     won = {0: True, 7: False, 14: False, 1: True, 8: True, 3: False}

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("peft", reason="peft not installed: pip install -e '.[train]'")
 
-from icsd_audit.train.config import TrainConfig  # noqa: E402
+from icsd_audit.train.config import TrainConfig, from_preset  # noqa: E402
 from icsd_audit.train.sft import SFTConfig, SFTExample, batch_gradients, lr_at, reply_nll, train_tasks  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def _icsd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def _tiny():
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     model, tok = tiny_random_causal_lm(seed=0)
     return model.eval(), tok
@@ -91,7 +91,7 @@ def test_lr_schedule_warms_up_linearly_then_decays_by_cosine():
 def test_prompt_changes_name_what_differs_from_the_fitted_prompts():
     from icsd_audit.train.sft import prompt_changes, prompt_settings
 
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random")
+    cfg = from_preset("cpu-demo", model="tiny-random")
     fitted = prompt_settings(cfg)
     assert prompt_changes(fitted, cfg) is None and prompt_changes(None, cfg) is None
     assert prompt_changes(fitted, cfg.replace(max_turns=9, temperature=0.3)) is None  # no prompt changes
@@ -124,12 +124,12 @@ def test_train_tasks_are_distinct_seeded_and_bounded():
 def test_expert_examples_are_the_training_loops_own_prompts(tmp_path):
     """The turns ``icsd sft`` trains on equal, token for token, what ``icsd train --policy expert`` renders
     and writes to turns.jsonl for the same tasks: the trainer's student prompts, no privileged block."""
-    from icsd_audit.train.policy import policy_tokenizer
-    from icsd_audit.train.policy_run import play
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.rollout.policy import policy_tokenizer
+    from icsd_audit.train.rollout.policy_run import play
+    from icsd_audit.train.rollout.collect import PromptBuilder
     from icsd_audit.train.sft import _play_expert
 
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", out_dir=str(tmp_path / "play"), total_steps=1,
+    cfg = from_preset("cpu-demo", model="tiny-random", out_dir=str(tmp_path / "play"), total_steps=1,
                                   n_tasks=3, group_size=2, max_turns=6, max_prompt_tokens=8192, policy="expert")
     play(cfg)
     lines = [json.loads(s) for s in (tmp_path / "play" / "turns.jsonl").read_text().splitlines()]
@@ -150,11 +150,11 @@ def test_expert_examples_are_the_training_loops_own_prompts(tmp_path):
 
 
 def test_collect_data_holds_out_the_eval_splits_first_tasks():
-    from icsd_audit.train.policy import policy_tokenizer
-    from icsd_audit.train.rollout import PromptBuilder
+    from icsd_audit.train.rollout.policy import policy_tokenizer
+    from icsd_audit.train.rollout.collect import PromptBuilder
     from icsd_audit.train.sft import collect_data
 
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", max_turns=5)
+    cfg = from_preset("cpu-demo", model="tiny-random", max_turns=5)
     tok = policy_tokenizer("tiny-random")
     data = collect_data(cfg, SFTConfig(episodes=5, heldout_episodes=3), tokenizer=tok,
                         builder=PromptBuilder.from_config(tok, cfg))
@@ -271,7 +271,7 @@ def test_full_fine_tuning_writes_a_model_folder_that_init_takes(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "sft.json"} <= names and "adapter_config.json" not in names
     assert json.loads((out / "sft.json").read_text())["kind"] == "full"
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", init=str(out)).validate()
+    cfg = from_preset("cpu-demo", model="tiny-random", init=str(out)).validate()
     assert not cfg.lora_enabled
 
 
@@ -299,10 +299,10 @@ def test_warmstart_reference_resolves_to_the_shipped_folder(shipped):
     for bad in ("warmstart:nope", "warmstart:", "warmstart:../demo"):
         with pytest.raises(ConfigError, match="shipped: warmstart:demo"):
             resolve_init(bad)
-    cfg = TrainConfig.from_preset("cpu-demo", model="tiny-random", init="warmstart:demo").validate()
+    cfg = from_preset("cpu-demo", model="tiny-random", init="warmstart:demo").validate()
     assert cfg.init == "warmstart:demo" and cfg.init_path == shipped and cfg.lora_enabled
     assert cfg.input_paths()["init folder"] == shipped  # an --out inside it is refused
-    assert "no shipped warm start" in str(pytest.raises(ConfigError, TrainConfig.from_preset("cpu-demo",
+    assert "no shipped warm start" in str(pytest.raises(ConfigError, from_preset("cpu-demo",
                                                                                              init="warmstart:x").validate).value)
 
 
@@ -311,17 +311,17 @@ def test_a_presets_warm_start_is_kept_for_its_base_and_dropped_for_another(shipp
 
     monkeypatch.setitem(config.PRESETS, "demo-warm", lambda: config.preset("cpu-demo").replace(
         model="tiny-random", init="warmstart:demo"))
-    assert config.TrainConfig.from_preset("demo-warm").init == "warmstart:demo"
-    assert config.TrainConfig.from_preset("demo-warm", model="tiny-random").init == "warmstart:demo"
-    assert config.TrainConfig.from_preset("demo-warm", model="embedded").init is None  # another base: its own weights
-    assert config.TrainConfig.from_preset("demo-warm", model="embedded", init="x").init == "x"  # explicit wins
+    assert config.from_preset("demo-warm").init == "warmstart:demo"
+    assert config.from_preset("demo-warm", model="tiny-random").init == "warmstart:demo"
+    assert config.from_preset("demo-warm", model="embedded").init is None  # another base: its own weights
+    assert config.from_preset("demo-warm", model="embedded", init="x").init == "x"  # explicit wins
 
 
 def test_the_shipped_webshop_warm_start_fits_the_presets_that_start_from_it():
     """cpu-demo and cpu-study start from the shipped adapter, whose prompts are theirs (no note at start-up), which
     is a rank-4 adapter of the embedded model under 10 MB; another --model drops it."""
     from icsd_audit.train.config import CPU_WARM_START, preset, resolve_init
-    from icsd_audit.train.lora import adapter_settings, read_adapter_meta
+    from icsd_audit.train.models.lora import adapter_settings, read_adapter_meta
     from icsd_audit.train.sft import prompt_changes
 
     folder = Path(resolve_init(CPU_WARM_START))
@@ -332,6 +332,6 @@ def test_the_shipped_webshop_warm_start_fits_the_presets_that_start_from_it():
         cfg = preset(name).validate()
         assert cfg.init == CPU_WARM_START and cfg.lora_enabled and cfg.env == "webshop"
         assert prompt_changes(meta["prompts"], cfg) is None
-        assert TrainConfig.from_preset(name, model="tiny-random").init is None
+        assert from_preset(name, model="tiny-random").init is None
     report = json.loads((folder / "sft.json").read_text())
     assert report["epochs"][-1]["heldout_loss"] < report["epochs"][0]["heldout_loss"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.train.config import ConfigError, TrainConfig
 from tests.train.test_loop import SKILLS, tiny_cfg, varied_factory
 
@@ -41,7 +42,7 @@ def runs(tmp_path_factory, bank):
 
 def _step_data(n_rows: int = 5, seed: int = 0):
     """Rows with ragged prompts/responses, distinct (traj, turn), old log-probs = the model's."""
-    from icsd_audit.train.actor import StepData
+    from icsd_audit.train.update.actor import StepData
 
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 259, (3 + 2 * i,), generator=g).tolist() for i in range(n_rows)]
@@ -56,11 +57,11 @@ def test_actor_sketch_rows_are_the_exact_per_token_gradients():
     logits, one backward per token): checks the positions, the row layout and the values."""
     import copy
 
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
     from icsd_audit.grads.replay import per_token_gradients
     from icsd_audit.grads.sketch import GradientSketcher, shift_response_mask
-    from icsd_audit.train.actor import Actor, Distillation
-    from icsd_audit.train.logprobs import score_rows
+    from icsd_audit.train.update.actor import Actor, Distillation
+    from icsd_audit.train.update.logprobs import score_rows
 
     model, tok = tiny_random_causal_lm(seed=3)
     with torch.no_grad():  # wider than the default init, so per-token gradients differ visibly
@@ -82,8 +83,7 @@ def test_actor_sketch_rows_are_the_exact_per_token_gradients():
     data.teacher_logp = [lp + 0.3 for lp in data.old_logp]
     sk = GradientSketcher(model, k_out=K, k_in=K, seed=5, temperature=T)
     actor = Actor(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                  distill=Distillation(allocator="icsd", trust="laplace", trust_beta=5.0, eps=1e-4, min_group=2, seed=0,
-                                       coef=0.01),
+                  distill=Distillation(AllocatorSettings(allocator="icsd", min_group=2), coef=0.01),
                   clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, temperature=T, mini_batch_rows=5, micro_batch_rows=2,
                   ppo_epochs=1, grad_clip=1.0, skip_first_prepass=True, shuffle_rows=False, seed=0,
                   pad_id=tok.pad_token_id, device=cpu, sketcher=sk)
@@ -125,7 +125,7 @@ def test_actor_sketch_rows_are_the_exact_per_token_gradients():
 
 def test_dumps_carry_sketch_columns_and_metadata(runs):
     from icsd_audit.dumps.reader import DumpReader
-    from icsd_audit.train.models import tiny_random_causal_lm
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
     from icsd_audit.grads.sketch import auto_layers
 
     on, off = runs
@@ -156,7 +156,7 @@ def test_dumps_carry_sketch_columns_and_metadata(runs):
 def test_sketching_leaves_training_unchanged(runs):
     """Same loss, gradient norm and metrics, the same dumped values, the same final weights."""
     from icsd_audit.dumps.reader import DumpReader
-    from icsd_audit.train.loop import load_policy
+    from icsd_audit.train.models.loading import load_policy
 
     on, off = runs
 
@@ -178,7 +178,7 @@ def test_sketching_leaves_training_unchanged(runs):
 
 def test_gradcos_runs_on_training_dumps(runs):
     from icsd_audit.alloc.options import AllocatorOptions
-    from icsd_audit.grads.cosines import run_gradcos
+    from icsd_audit.audit.gradcos import run_gradcos
 
     on, _ = runs
     s = run_gradcos([on.dumps_dir], base=AllocatorOptions(allocator="sdar"), compare=AllocatorOptions(allocator="icsd"),
@@ -212,8 +212,8 @@ def test_sketch_config_is_validated_with_fixes():
 
 
 def test_bad_layer_names_fail_with_the_models_linears():
-    from icsd_audit.train.models import tiny_random_causal_lm
-    from icsd_audit.train.sketching import make_sketcher, parse_layers
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+    from icsd_audit.train.update.sketching import make_sketcher, parse_layers
 
     model, _ = tiny_random_causal_lm()
     assert make_sketcher(TrainConfig(), model) is None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from icsd_audit.train.skills import (
+from icsd_audit.train.teacher.skills import (
     BUILTIN_BANKS,
     SkillBank,
     SkillBankError,
@@ -367,7 +367,7 @@ def test_retrieve_sdar_matches_sdar_reference_on_full_prompts(sdar_folder):
 def test_teacher_uses_the_configured_rule():
     from types import SimpleNamespace
 
-    from icsd_audit.train.teacher import SelfTeacher
+    from icsd_audit.train.teacher.self_teacher import SelfTeacher
 
     bank = SkillBank.from_dict(bank_dict(match="word"))
     ctx = SimpleNamespace(task="buy a lamp")
@@ -430,7 +430,7 @@ def _sdar_search_folder(root):
 ])
 def test_sdar_search_folder_routes_data_sources_as_sdar(tmp_path, source, prompt, expect):
     """SDAR's get_privileged_info_from_data_source (rlsd_utils.py lines 112-142), worked by hand per subset."""
-    from icsd_audit.train.skills import import_sdar
+    from icsd_audit.train.teacher.skills import import_sdar
 
     bank = import_sdar(_sdar_search_folder(tmp_path))
     got = bank.retrieve_sdar(prompt, key=source)

@@ -8,7 +8,7 @@
 from .engine import ENGINE_HINT, EngineMissingError, engine_available, require_engine
 from .scenes import TASK_COLUMNS, TASK_TYPES, column_of
 
-__all__ = ["AlfWorldEnv", "ENGINE_HINT", "EngineMissingError", "engine_available", "require_engine", "TASK_TYPES",
+__all__ = ["SUCCESS_RULE", "AlfWorldEnv", "ENGINE_HINT", "EngineMissingError", "engine_available", "require_engine", "TASK_TYPES",
            "TASK_COLUMNS", "column_of"]
 
 
@@ -18,3 +18,8 @@ def __getattr__(name: str):
 
         return AlfWorldEnv
     raise AttributeError(name)
+
+#: what a won episode is, in words (the run's closing lines and docs quote it)
+SUCCESS_RULE = (
+    "completed its household task"
+)

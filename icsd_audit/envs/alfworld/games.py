@@ -134,7 +134,7 @@ def write_game(folder: Path, game: Any, *, walkthrough: list[str] | None) -> Pat
 
 
 def _cache_dir() -> Path:
-    from icsd_audit.train.models import cache_root
+    from icsd_audit.paths import cache_root
 
     return cache_root() / "alfworld" / f"v{GENERATOR_VERSION}"
 

@@ -13,7 +13,12 @@ from .env import PAPER_COLUMNS, SearchQAData, SearchQAEnv, column_name, load_dat
 from .kb import SUBSETS, KnowledgeBase, QAItem, builtin_kb, generate_kb
 from .retriever import BM25Retriever, ServerRetriever, format_passages
 
-__all__ = ["SearchQAEnv", "SearchQAData", "load_data", "parse_reply", "PAPER_COLUMNS", "column_name", "SUBSETS",
+__all__ = ["SUCCESS_RULE", "SearchQAEnv", "SearchQAData", "load_data", "parse_reply", "PAPER_COLUMNS", "column_name", "SUBSETS",
            "QAItem", "KnowledgeBase", "builtin_kb", "generate_kb", "exact_match", "normalize_answer", "extract_answer",
            "BM25Retriever", "ServerRetriever", "format_passages", "SearchQADataError", "read_qa_parquet",
            "write_searchr1"]
+
+#: what a won episode is, in words (the run's closing lines and docs quote it)
+SUCCESS_RULE = (
+    "ended with an answer that exactly matches a gold answer"
+)

@@ -53,13 +53,13 @@ def _str_list(value: Any) -> list[str] | None:
 
 def read_qa_parquet(path: str | Path) -> list[QAItem]:
     """The questions of one Search-R1 QA Parquet file (see the module docstring)."""
-    import pyarrow.parquet as pq
+    from icsd_audit.parquet_io import read_table
 
     path = Path(path)
     if not path.is_file():
         raise SearchQADataError(path, "no such file")
     try:
-        table = pq.read_table(path)
+        table = read_table(path)  # page checksums verified where the file has them
     except Exception as exc:  # pyarrow raises several types for non-Parquet input
         raise SearchQADataError(path, f"not a readable Parquet file ({' '.join(str(exc).split())})") from None
     names = table.schema.names
@@ -151,7 +151,8 @@ def write_searchr1(kb: KnowledgeBase, out_dir: str | Path) -> list[Path]:
     metadata under ``icsd``.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from icsd_audit.parquet_io import write_table
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +174,7 @@ def write_searchr1(kb: KnowledgeBase, out_dir: str | Path) -> list[Path]:
         })
         table = table.replace_schema_metadata({"icsd": json.dumps({**kb.info, "subsets": list(SUBSETS)})})
         path = out / f"{split}.parquet"
-        _atomic_write(path, lambda tmp, t=table: pq.write_table(t, tmp))
+        _atomic_write(path, lambda tmp, t=table: write_table(t, tmp))
         paths.append(path)
     return paths
 

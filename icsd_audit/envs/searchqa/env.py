@@ -49,7 +49,10 @@ from .protocol import INVALID_MESSAGE, PROTOCOLS, cut_reply, information, invali
 from .protocol import parse_reply as _parse_reply
 from .retriever import BM25Retriever, Retriever, ServerRetriever
 
-__all__ = ["SearchQAEnv", "SearchQAData", "load_data", "parse_reply", "PAPER_COLUMNS", "INVALID_MESSAGE",
+#: Search-QA's experts (:mod:`.expert`): the oracle chain and the gold answer, or what retrieval surfaced.
+EXPERT_MODES = ("gold", "retrieval")
+
+__all__ = ["EXPERT_MODES", "SearchQAEnv", "SearchQAData", "load_data", "parse_reply", "PAPER_COLUMNS", "INVALID_MESSAGE",
            "START_TEXT", "column_name", "PROTOCOLS"]
 
 #: data_source -> the paper's column name (Table 1 / Table A3).
@@ -152,20 +155,24 @@ class SearchQAEnv:
         data: loaded data; by default :func:`load_data` with ``corpus``, ``data_files``, ``retriever_url``.
         protocol: ``"search-r1"`` or ``"verl-agent"``: how replies are read and judged and
             what comes back (:mod:`.protocol`); the prompt builder follows it too.
+        expert: which expert ``--policy expert`` plays: ``"gold"`` or ``"retrieval"`` (:mod:`.expert`).
     """
 
     name = "searchqa"
 
     def __init__(self, split: str = "train", *, max_steps: int = 4, seed: int = 0, topk: int = 3,
                  data: SearchQAData | None = None, corpus: str | None = None, data_files: str | None = None,
-                 retriever_url: str | None = None, protocol: str = "search-r1"):
+                 retriever_url: str | None = None, protocol: str = "search-r1", expert: str = "gold"):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: choose one of {list(PROTOCOLS)}")
+        if expert not in EXPERT_MODES:
+            raise ValueError(f"expert {expert!r}: choose one of {list(EXPERT_MODES)}")
         self.protocol = protocol
+        self.expert = expert  # which expert --policy expert plays (.expert)
         self.data = data if data is not None else load_data(corpus, data_files, retriever_url)
         self.split = split
         self.tasks: tuple[QAItem, ...] = self.data.tasks(split)
@@ -176,6 +183,7 @@ class SearchQAEnv:
         self._done = True
         self._steps = 0
         self._searches = 0
+        self._retrieved: list[tuple[str, tuple[dict[str, Any], ...]]] = []
 
     @property
     def num_tasks(self) -> int:
@@ -199,6 +207,11 @@ class SearchQAEnv:
     def searches(self) -> int:
         """Searches run in the current episode."""
         return self._searches
+
+    @property
+    def retrieved(self) -> tuple[tuple[str, tuple[dict[str, Any], ...]], ...]:
+        """The current episode's searches that ran: (query, the passages it returned), in order."""
+        return tuple(self._retrieved)
 
     def task_group(self, task: int) -> str:
         """The paper's column name of task ``task``'s subset (for per-subset metrics)."""
@@ -228,6 +241,7 @@ class SearchQAEnv:
         else:
             raise TypeError(f"task must be an int index, a QAItem or None, not {type(task).__name__}")
         self._item, self._done, self._steps, self._searches = item, False, 0, 0
+        self._retrieved = []
         return self._obs(START_TEXT)
 
     def step(self, action: str) -> StepResult:
@@ -247,6 +261,7 @@ class SearchQAEnv:
                 docs = self.data.retriever.search([query], self.topk)[0] if query else []
                 text = information(docs, protocol=self.protocol)
                 self._searches += 1
+                self._retrieved.append((query, tuple(docs)))
                 extra["doc_ids"] = [d["id"] for d in docs]
         else:
             answer = " ".join(m.group(2).split())

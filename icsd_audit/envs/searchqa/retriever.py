@@ -196,7 +196,7 @@ class BM25Retriever:
 
 
 def _cache_root() -> Path:
-    from icsd_audit.train.models import cache_root
+    from icsd_audit.paths import cache_root
 
     return cache_root()
 

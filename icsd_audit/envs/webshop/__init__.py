@@ -11,4 +11,9 @@ from .env import WebShopEnv
 from .reward import RewardInfo, webshop_reward
 from .server import WebShopServerEnv
 
-__all__ = ["Catalogue", "load_catalogue", "WebShopEnv", "WebShopServerEnv", "RewardInfo", "webshop_reward"]
+__all__ = ["SUCCESS_RULE", "Catalogue", "load_catalogue", "WebShopEnv", "WebShopServerEnv", "RewardInfo", "webshop_reward"]
+
+#: what a won episode is, in words (the run's closing lines and docs quote it)
+SUCCESS_RULE = (
+    "bought a product that matches every requested attribute and option within the price limit (reward 1; score is the reward's partial credit, 0 to 1)"
+)

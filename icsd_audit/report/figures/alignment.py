@@ -34,6 +34,7 @@ from icsd_audit.report.figures.style import (
     NEUTRAL_COLOR,
     PERMUTED_COLOR,
     display_name,
+    plain,
     new_figure,
     paper_style,
     resolve_axes,
@@ -56,8 +57,8 @@ def alignment_figure(result: Any, ax: Axes | Sequence[Axes] | None = None, *, ga
     perm = None if getattr(result, "cos_perm", None) is None else np.asarray(result.cos_perm, dtype=float)
     if base.shape != comp.shape or base.ndim != 1 or (perm is not None and perm.shape != base.shape):
         raise ValueError("cos_base, cos_compare and cos_perm must be 1-D with one value per batch")
-    bname = display_name(getattr(result, "base_name", "sdar"))
-    cname = display_name(getattr(result, "compare_name", "icsd"))
+    bname = plain(display_name(getattr(result, "base_name", "sdar")))
+    cname = plain(display_name(getattr(result, "compare_name", "icsd")))
     has_gains = gains and getattr(result, "gain", None) is not None
     n_flow = 2 if perm is not None else 1
     n = n_flow + (1 if has_gains else 0)
@@ -76,7 +77,7 @@ def alignment_figure(result: Any, ax: Axes | Sequence[Axes] | None = None, *, ga
             fig, axes = resolve_axes(ax, n, width=COLUMN_WIDTH, height=3.0)
         y = np.arange(base.size, dtype=float)[::-1]  # first batch on top
         ids = getattr(result, "batch_ids", None)
-        labels = [str(b) for b in ids] if ids is not None and len(ids) == base.size else \
+        labels = [plain(b) for b in ids] if ids is not None and len(ids) == base.size else \
             [str(k) for k in range(1, base.size + 1)]
         _flow(axes[0], y, base, comp, BASE_COLOR, COMPARE_COLOR, "base", "compare", "a",
               getattr(result, "mean_base", None), getattr(result, "mean_compare", None), bname, cname, labels)

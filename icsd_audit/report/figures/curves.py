@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from icsd_audit.report.figures.style import (BASE_COLOR, COLUMN_WIDTH, COMPARE_COLOR, OKABE_ITO, TEXT_WIDTH,
-                                             display_name, paper_style, resolve_axes)
+                                             display_name, paper_style, plain, resolve_axes)
 
 __all__ = ["curves_figure", "mechanism_figure", "group_colors", "MECHANISM_PANELS"]
 
@@ -41,7 +41,7 @@ def group_colors(labels: Sequence[str]) -> dict[str, str]:
 
 
 def _legend_name(label: str) -> str:
-    return "/".join(display_name(p) for p in label.split("/"))
+    return plain("/".join(display_name(p) for p in label.split("/")))
 
 
 def _draw(ax: Axes, curves: Sequence[Any], colors: dict[str, str], scale: float) -> None:
@@ -75,9 +75,9 @@ def curves_figure(curves: Sequence[Any], key: str, ax: Axes | Sequence[Axes] | N
         for a, env in zip(axes, envs):
             _draw(a, sorted((c for c in mine if c.env == env), key=lambda c: labels.index(c.label)), colors, scale)
             if len(envs) > 1:
-                a.set_title(env)
+                a.set_title(plain(env))
             a.set_xlabel("training step")
-        axes[0].set_ylabel(ylabel or (f"{key} (%)" if percent else key))
+        axes[0].set_ylabel(ylabel or plain(f"{key} (%)" if percent else key))
         axes[0].legend(loc="lower center", bbox_to_anchor=(0.5, 1.0 if len(envs) == 1 else 1.1), ncols=min(3, len(labels)),
                        borderaxespad=0.2, title=_band_caption(mine), title_fontsize=6)
     return fig
@@ -100,7 +100,7 @@ def mechanism_figure(curves: Sequence[Any], ax: Axes | Sequence[Axes] | None = N
             _draw(a, sorted((c for c in mine if c.key == key), key=lambda c: labels.index(c.label)), colors, 100.0)
             a.set_ylabel(MECHANISM_PANELS[key])
             a.set_xlabel("training step")
-        legend = dict(ncols=min(4, len(labels)), title=f"{env}: " + _band_caption(mine), title_fontsize=6)
+        legend = dict(ncols=min(4, len(labels)), title=f"{plain(env)}: " + _band_caption(mine), title_fontsize=6)
         if ax is None:  # above all panels: as the first panel's legend it widened that column and squeezed the
             # others until a 200-step run's tick labels ran together
             fig.legend(*axes[0].get_legend_handles_labels(), loc="outside upper center", **legend)

@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 from matplotlib.figure import Figure
 
-from icsd_audit.report.figures.style import BASE_COLOR, COLUMN_WIDTH, COMPARE_COLOR, DIFF_COLOR, display_name, paper_style, resolve_axes
+from icsd_audit.report.figures.style import BASE_COLOR, COLUMN_WIDTH, COMPARE_COLOR, DIFF_COLOR, display_name, paper_style, plain, resolve_axes
 
 __all__ = ["dynamics_figure", "centered_mean"]
 
@@ -87,14 +87,14 @@ def dynamics_figure(
         mark = dict(marker="o", markersize=3) if few else {}
         for side, color in (("base", BASE_COLOR), ("compare", COMPARE_COLOR)):
             y = np.array([100.0 * getattr(r, side).estimate for r in items])
-            label = display_name(names[side])
+            label = plain(display_name(names[side]))
             if smooth:
                 main.plot(steps, y, color=color, alpha=0.35, linewidth=0.7, gid=f"step-{side}", **mark)
                 main.plot(steps, centered_mean(steps, y, window), color=color, linewidth=1.5, label=label,
                           gid=f"mean-{side}")
             else:
                 main.plot(steps, y, color=color, linewidth=1.2, label=label, gid=f"step-{side}", **mark)
-        main.set_ylabel(ylabel or ("trusted mass on $\\hat{A}<0$ (%)" if region is None else f"{region} share (%)"))
+        main.set_ylabel(ylabel or ("trusted mass on $\\hat{A}<0$ (%)" if region is None else plain(f"{region} share (%)")))
         main.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, title_fontsize=6, borderaxespad=0.2,
                     title=window_caption(steps, window))
         main.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
@@ -119,7 +119,7 @@ def dynamics_figure(
             if smooth:
                 low.plot(steps, centered_mean(steps, d, window), color=DIFF_COLOR, linewidth=1.5, gid="diff-mean")
             low.axhline(0.0, color="black", linewidth=0.6)
-            low.set_ylabel(f"{display_name(names['compare'])} \u2212 {display_name(names['base'])} (pp)")
+            low.set_ylabel(plain(f"{display_name(names['compare'])} \u2212 {display_name(names['base'])} (pp)"))
             low.yaxis.grid(True, linewidth=0.3, color="#DDDDDD")
         axes[-1].set_xlabel("training step")
         if few:  # every step its own tick, the points off the frame's edges

@@ -19,7 +19,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
-from icsd_audit.report.figures.style import COLUMN_WIDTH, DENSITY_COLOR, LANDSCAPE_CMAP, TEXT_WIDTH, display_name, paper_style, resolve_axes
+from icsd_audit.report.figures.style import COLUMN_WIDTH, DENSITY_COLOR, LANDSCAPE_CMAP, TEXT_WIDTH, display_name, paper_style, plain, resolve_axes
 
 __all__ = ["landscape_figure", "zero_rank_of", "smooth_density", "CONTOUR_LEVELS"]
 
@@ -127,7 +127,7 @@ def landscape_figure(
             if regions:
                 _regions(axis, grid, name, zero_rank_of(grid, zero_ranks), which=w_of(k))
             # two lines with an environment: a long env name must not run into the colour bar
-            label = display_name(name) if grid.env is None else f"{grid.env}\n{display_name(name)}"
+            label = plain(display_name(name) if grid.env is None else f"{grid.env}\n{display_name(name)}")
             axis.set_title(f"({_PANEL[k % 26]}) {label}", loc="left")
             if k % cols:  # the rank axes are shared along a row: the labels of the first panel say it
                 axis.set_ylabel("")

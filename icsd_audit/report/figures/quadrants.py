@@ -20,6 +20,7 @@ from icsd_audit.report.figures.style import (
     COLUMN_WIDTH,
     COMPARE_COLOR,
     display_name,
+    plain,
     format_pp,
     paper_style,
     percent,
@@ -77,8 +78,8 @@ def _draw(ax: Axes, result: Any, names: Sequence[str], *, annotate: bool) -> Non
     width = 0.38
     tops = np.zeros(len(names))
     for side, offset, color, label in (
-        ("base", -width / 2, BASE_COLOR, display_name(result.base_name)),
-        ("compare", width / 2, COMPARE_COLOR, display_name(result.compare_name)),
+        ("base", -width / 2, BASE_COLOR, plain(display_name(result.base_name))),
+        ("compare", width / 2, COMPARE_COLOR, plain(display_name(result.compare_name))),
     ):
         est = np.array([percent(getattr(result.regions[r], side).estimate) for r in names])
         lo = np.array([percent(getattr(result.regions[r], side).ci_low) for r in names])

@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
-from icsd_audit.report.figures.style import COLUMN_WIDTH, COMPARE_COLOR, NEUTRAL_COLOR, display_name, paper_style, resolve_axes
+from icsd_audit.report.figures.style import COLUMN_WIDTH, COMPARE_COLOR, NEUTRAL_COLOR, display_name, paper_style, plain, resolve_axes
 
 __all__ = ["shift_figure", "shift_positions"]
 
@@ -73,7 +73,7 @@ def shift_figure(result: Any, ax: Axes | None = None, *, title: str | None = Non
         axis.text((n - 1) / 2, 0.98, "$\\hat{A}<0$", transform=tr, ha="center", va="top", fontsize=7)
         axis.text(pos["pos_1"] + (n - 1) / 2, 0.98, "$\\hat{A}>0$", transform=tr, ha="center", va="top", fontsize=7)
         axis.set_xlabel("equal-frequency advantage bin inside $\\mathcal{S}^+$ (low \u2192 high)")
-        axis.set_ylabel(f"share shift, {display_name(result.compare_name)} \u2212 {display_name(result.base_name)} (pp)")
+        axis.set_ylabel(plain(f"share shift, {display_name(result.compare_name)} \u2212 {display_name(result.base_name)} (pp)"))
         lo_all, hi_all = axis.get_ylim()
         span = hi_all - lo_all
         axis.set_ylim(lo_all, hi_all + 0.12 * span)  # room for the side labels

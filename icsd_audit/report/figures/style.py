@@ -44,6 +44,7 @@ __all__ = [
     "write_atomic",
     "percent",
     "display_name",
+    "plain",
     "format_pp",
 ]
 
@@ -197,6 +198,17 @@ _DISPLAY = {"sdar": "SDAR", "icsd": "ICSD", "opsd": "OPSD", "grpo": "GRPO", "gig
 def display_name(name: str) -> str:
     """How an allocator label reads in a legend: the paper's spelling for known ones."""
     return _DISPLAY.get(name.lower(), name[:1].upper() + name[1:]) if name else name
+
+
+def plain(text: object) -> str:
+    """``text`` drawn as written: every ``$`` escaped so matplotlib never parses it as mathtext.
+
+    Every string from user data or flags (run labels, environment and metric names,
+    titles, batch and step labels) passes through this before it reaches a figure: an
+    unbalanced ``$\\frac{1}{$`` would otherwise stop the figure with a mathtext parse error,
+    and ``$x$`` would be typeset. Matplotlib shows ``\\$`` as ``$`` (figures.md).
+    """
+    return str(text).replace("$", r"\$")
 
 
 def format_pp(x: float, digits: int = 1) -> str:

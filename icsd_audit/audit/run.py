@@ -1,0 +1,166 @@
+"""Streaming the SPEC 6 statistics over dumps: the library behind ``icsd audit tcm|quadrants|...``.
+
+Each batch is read once, allocated once per distinct allocator
+(:func:`icsd_audit.alloc.options.weight_pair`), reduced to per-turn sums by the accumulators
+and dropped; the bootstrap runs once at the end on those sums.  Reading runs one batch
+ahead and ``workers`` batches are allocated at once (each by one thread, so the
+numbers do not depend on it), so memory is ``workers + 2`` batches plus a few floats
+per action turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from icsd_audit.alloc.settings import DEFAULTS
+from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
+from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
+from icsd_audit.stats.api import AuditAccumulator, AuditResults, GroupedResult, LandscapeAccumulator, LandscapeResult
+from icsd_audit.stats.landscape import LandscapeRanks
+from icsd_audit.stats.budget import (LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid,
+                                     check_resources)
+from icsd_audit.audit.threads import single_threaded_maths
+
+__all__ = ["AuditRequest", "run_audit", "run_audit_groups", "run_landscape", "landscape_ranks", "deployed_request",
+           "BY_COLUMNS"]
+
+BY_COLUMNS = ("step", "env", "task")
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    """What to audit: two weightings, bootstrap options and statistic options."""
+
+    base: AllocatorOptions = AllocatorOptions(allocator="sdar")
+    compare: AllocatorOptions = AllocatorOptions(allocator="icsd")
+    n_resamples: int = 10_000
+    confidence_level: float = 0.95
+    unit: str = "action-turn"
+    seed: int = 0
+    workers: int = 1
+    by: str | None = None
+    eps: float = DEFAULTS.eps
+    clip_eps: float = 0.2
+    dual_clip: float = 3.0
+    n_bins: int = 5
+
+
+def deployed_request(paths: Sequence[str | Path], **options: Any) -> AuditRequest:
+    """An :class:`AuditRequest` comparing SDAR with what the dumps record as deployed (SPEC 9).
+
+    ``options``: further :class:`AuditRequest` fields (``n_resamples``, ``by``, ...);
+    the TCM threshold ``eps`` is the deployed allocator's.
+    """
+    from icsd_audit.audit.settings import audit_settings
+
+    base, compare = audit_settings(paths).pair()
+    return AuditRequest(base=base, compare=compare, eps=compare.eps, **options)
+
+
+def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | None:
+    if by is None:
+        return None
+    if by not in batch.tokens.columns:
+        raise DumpError(path, f"--by {by} needs this column, which the dump lacks", column=by)
+    return batch.tokens.columns[by]
+
+
+@single_threaded_maths
+def run_audit(
+    paths: Sequence[str | Path],
+    req: AuditRequest | None = None,
+    *,
+    statistics: Sequence[str],
+    progress: Callable[[int, int], None] | None = None,
+) -> AuditResults:
+    """Stream every batch of ``paths`` into one accumulator and bootstrap once.
+
+    ``req=None``: SDAR against the deployed allocator, with the settings the dumps
+    record (:func:`deployed_request`).
+    """
+    if req is None:
+        req = deployed_request(paths)
+    n_stat = audit_statistic_count(tuple(statistics), req.n_bins)
+    check_bootstrap(req.n_resamples, n_stat)
+    columns = [req.by] if req.by else []
+    reader = DumpReader(paths, columns=columns, require=required_columns(req.base.allocator, req.compare.allocator))
+    check_resources(reader, workers=req.workers)
+    if req.unit == "batch":
+        check_bootstrap(req.n_resamples, n_stat, n_batches=len(reader.batch_ids))
+    acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
+                           n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
+    n = len(reader.batch_ids)
+    for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
+                                                              workers=req.workers)):
+        acc.add(batch.tokens.replace(u=u), weights,
+                group=_group_key(batch, req.by, str(reader.paths[int(batch.file_index[0])])))
+        if progress is not None:
+            progress(i + 1, n)
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
+                        rng=req.seed, workers=req.workers)
+
+
+def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = None) -> dict:
+    """The landscape's first pass: every environment's exact mid-rank edges from delta and advantage alone.
+
+    Reads only ``delta``, ``advantage``, ``valid`` and ``env`` (no allocation), 4 bytes per
+    valid token of delta kept until the edges are cut (the advantages, constant over a
+    turn, as distinct values per row group); the checked stream comes after.  ``steps``
+    (a set) also reads ``step`` and receives the smallest and largest step of each row
+    group's valid tokens: it ends with two or more values exactly when the valid tokens
+    span two or more steps (the report's per-step curve is computed only then).
+    """
+    ranks = LandscapeRanks(grid=grid)
+    for table in reader.column_groups(["delta", "advantage", "valid", "env"] + (["step"] if steps is not None else [])):
+        names = table.column_names
+        valid = table.column("valid").to_numpy(zero_copy_only=False) if "valid" in names else None
+        ranks.add(table.column("delta").to_numpy(), table.column("advantage").to_numpy(),
+                  env=table.column("env").to_numpy(zero_copy_only=False) if "env" in names else None, valid=valid)
+        if steps is not None and "step" in names:
+            s = table.column("step").to_numpy(zero_copy_only=False)
+            s = s if valid is None else s[valid.astype(bool)]
+            if s.size:  # (int64 by the schema: a min and a max, not a sort)
+                steps.update((s.min().item(), s.max().item()) if s.dtype.kind in "iu" else np.unique(s).tolist())
+    return ranks.finalize()
+
+
+@single_threaded_maths
+def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequest]], *, statistics: Sequence[str],
+                     by: str = "settings") -> AuditResults:
+    """Audit each group ``(key, files, request)`` on its own and return one result per key (``by``).
+
+    For files deployed with different settings (``--by settings``): every group is
+    allocated with its own settings and bootstrapped on its own turns.
+    """
+    keys = tuple(k for k, _, _ in groups)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"group keys must be distinct, got {list(keys)}")
+    results = [run_audit(files, req, statistics=statistics) for _, files, req in groups]
+    return AuditResults(**{s: GroupedResult(by, keys, tuple(getattr(r, s) for r in results)) for s in statistics})
+
+
+@single_threaded_maths
+def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20) -> LandscapeResult:
+    """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
+
+    Two passes: the exact mid-rank edges from the values (:func:`landscape_ranks`),
+    then the allocated batches reduced to grid sums and per-turn region sums as they
+    stream, so memory stays a few floats per turn plus 4 bytes per token during the
+    first pass.  ``req=None``: SDAR against the deployed allocator (:func:`deployed_request`).
+    """
+    check_grid(grid)
+    if req is None:
+        req = deployed_request(paths)
+    check_bootstrap(req.n_resamples, LANDSCAPE_STATISTICS)
+    reader = DumpReader(paths, columns=["env"], require=required_columns(req.base.allocator, req.compare.allocator))
+    check_resources(reader, workers=req.workers, landscape=True)
+    acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
+                               ranks=landscape_ranks(reader, grid))
+    for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
+        acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
+                        workers=req.workers)

@@ -1,0 +1,26 @@
+"""ICSD on TRL (``pip install 'icsd-audit[trl]'``; tested: trl 1.16).
+
+- :mod:`~icsd_audit.integrations.trl.trainer` -- ``ICSDGRPOTrainer``, a ``trl.GRPOTrainer`` with a privileged
+  self-teacher, and its ``ICSDConfig``;
+- :mod:`~icsd_audit.integrations.trl.rollout` -- whole episodes of the built-in environments as a ``rollout_func``;
+- :mod:`~icsd_audit.integrations.trl.run` -- the run folder of ``icsd train --engine trl``.
+
+The trainer's names load on first use, so importing this package does not import TRL.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {name: "icsd_audit.integrations.trl.trainer"
+            for name in ("ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm")}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
