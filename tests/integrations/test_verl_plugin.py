@@ -71,6 +71,8 @@ def test_a_bad_icsd_variable_stops_the_registration_naming_it():
     ("ICSD_INFLUENCE_ETA", "-0.5", "ICSD_INFLUENCE_ETA='-0.5': influence_eta must lie in (0, 1), got -0.5"),
     ("ICSD_MIN_GROUP", "0", "ICSD_MIN_GROUP='0': min_group must be an integer >= 1, got 0"),
     ("ICSD_EPS", "nan", "ICSD_EPS='nan': eps must be a finite number > 0, got nan"),
+    ("ICSD_EPS", "x", "ICSD_EPS='x' is not a valid number"),
+    ("ICSD_MIN_GROUP", "2.5", "ICSD_MIN_GROUP='2.5' is not a valid integer"),
 ])
 def test_each_variable_is_checked_naming_it(monkeypatch, var, value, message):
     monkeypatch.setenv(var, value)
