@@ -16,10 +16,15 @@ See docs/engines.md.
 
 from __future__ import annotations
 
-from icsd_audit.integrations.core import (
-    AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss, distillation_token_loss, dump_rows, dump_writer,
-    duplicate_rows, mini_batch_ids, turn_ids_from_mask, write_dump,
-)
+import importlib
+from typing import Any
 
 __all__ = ["AllocationSettings", "PaddedAllocation", "allocate_padded", "distillation_loss", "distillation_token_loss", "dump_rows",
            "dump_writer", "duplicate_rows", "mini_batch_ids", "turn_ids_from_mask", "write_dump"]
+
+
+def __getattr__(name: str) -> Any:
+    # on first use: the verl plug-in (.verl) is imported in every verl process and must not pull torch through here
+    if name in __all__:
+        return getattr(importlib.import_module("icsd_audit.integrations.core"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
