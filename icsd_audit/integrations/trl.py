@@ -65,8 +65,18 @@ if not TESTED_TRL[0] <= tuple(int(p) for p in trl.__version__.split(".")[:2] if 
 from icsd_audit.integrations.checks import check_mask, check_values
 from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, allocate_padded, distillation_loss,
                                           dump_writer, tcm, turn_ids_from_mask, write_dump)
+from icsd_audit.integrations.trl_record import record
 
-__all__ = ["ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm"]
+__all__ = ["ICSDConfig", "ICSDGRPOTrainer", "ICSDSDPOTrainer", "record", "skill_teacher_prompt", "tcm"]
+
+
+def __getattr__(name: str) -> Any:
+    # ICSDSDPOTrainer imports TRL's experimental SDPO module, which only its users should pay for
+    if name == "ICSDSDPOTrainer":
+        from icsd_audit.integrations.trl_sdpo import ICSDSDPOTrainer
+
+        return ICSDSDPOTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,9 @@ from torch import Tensor
 from icsd_audit.integrations.checks import BatchInputError, check_values
 from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
 
-__all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "TrainerKind", "record", "recorder_of", "trainer_kind", "prompt_hash"]
+__all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "ACTIVE_CAPTURE", "LossCapture", "Recorder", "TrainerKind", "record",
+           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "teacher_token_logps",
+           "wrap_term_functions"]
 
 #: [lowest tested, first untested) TRL versions of :func:`record`.
 TESTED_TRL = ((1, 16), (1, 17))
@@ -73,7 +75,7 @@ _CLIP_FUNC = "apply_importance_sampling_clipping"
 _ATTR = "_icsd_recorder"
 
 #: the micro-batch being recorded (set only while a recorded trainer's loss runs)
-_ACTIVE: contextvars.ContextVar["_Capture | None"] = contextvars.ContextVar("icsd_trl_record", default=None)
+ACTIVE_CAPTURE: contextvars.ContextVar["LossCapture | None"] = contextvars.ContextVar("icsd_trl_record", default=None)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def _check_version(version: str) -> None:
 
 
 @dataclass
-class _Capture:
+class LossCapture:
     """What one recorded loss call saw: filled by the hooks, read when the call returns."""
 
     student_logits: Tensor | None = None
@@ -142,7 +144,7 @@ class _Capture:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _wrap_module_functions(module_name: str) -> None:
+def wrap_term_functions(module_name: str) -> None:
     """Install (once per module) pass-through wrappers that hand the per-token term to the active capture."""
     import importlib
 
@@ -154,7 +156,7 @@ def _wrap_module_functions(module_name: str) -> None:
 
         def wrapped(*args: Any, __orig: Callable[..., Tensor] = orig, __name: str = name, **kwargs: Any) -> Tensor:
             out = __orig(*args, **kwargs)
-            cap = _ACTIVE.get()
+            cap = ACTIVE_CAPTURE.get()
             if cap is None:
                 return out
             if __name != _CLIP_FUNC and cap.scale is not None:
@@ -339,7 +341,7 @@ def record(trainer: Any, dump_dir: str | Path, *, producer: Mapping[str, Any] | 
                          "never materializes per-token log-probs")
     rec = Recorder(trainer, dump_dir, kind, producer, allocation=_allocation_of(trainer))
     if kind.has_teacher:
-        _wrap_module_functions(kind.module)
+        wrap_term_functions(kind.module)
         _hook_self_distillation(trainer, rec)
     else:
         _hook_grpo(trainer, rec)
@@ -384,7 +386,7 @@ def _hook_grpo(trainer: Any, rec: Recorder) -> None:
 
     def per_token_logps(*args: Any, **kwargs: Any) -> Any:
         res = logps_fn(*args, **kwargs)
-        cap = _ACTIVE.get()
+        cap = ACTIVE_CAPTURE.get()
         if cap is not None and cap.logps is None:
             cap.logps = res[0]
         return res
@@ -392,12 +394,12 @@ def _hook_grpo(trainer: Any, rec: Recorder) -> None:
     def compute_loss(model: Any, inputs: dict[str, Any]) -> Tensor:
         if not trainer.model.training:
             return loss_fn(model, inputs)
-        cap = _Capture()
-        token = _ACTIVE.set(cap)
+        cap = LossCapture()
+        token = ACTIVE_CAPTURE.set(cap)
         try:
             loss = loss_fn(model, inputs)
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE_CAPTURE.reset(token)
         if cap.logps is None:
             raise RuntimeError(f"record: {rec.name}'s loss computed no per-token log-probs through "
                                "_get_per_token_logps_and_entropies (a TRL change?)")
@@ -441,29 +443,26 @@ def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:
     distill_fn = trainer._compute_self_distillation_loss
 
     def policy_loss(inputs: Any, student_logits: Tensor) -> Tensor:
-        cap = _ACTIVE.get()
+        cap = ACTIVE_CAPTURE.get()
         if cap is not None:
             cap.student_logits = student_logits
         return policy_fn(inputs, student_logits)
 
     def self_distillation_loss(model: Any, inputs: Any, dl: Any) -> Tensor:
-        cap = _ACTIVE.get()
+        cap = ACTIVE_CAPTURE.get()
         if cap is not None:
             cap.student_logits, cap.teacher_logits, cap.loss_mask = dl.student_logits, dl.teacher_logits, dl.loss_mask
-            before = getattr(trainer, "icsd_before_distillation", None)
-            if before is not None:  # ICSDSDPOTrainer: allocate this micro-batch, set cap.scale
-                before(cap, inputs, dl)
         return distill_fn(model, inputs, dl)
 
     def compute_loss(model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         if not trainer.model.training:
             return loss_fn(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        cap = _Capture()
-        token = _ACTIVE.set(cap)
+        cap = LossCapture()
+        token = ACTIVE_CAPTURE.set(cap)
         try:
             loss = loss_fn(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE_CAPTURE.reset(token)
         if cap.student_logits is None:
             raise RuntimeError(f"record: {rec.name}'s loss passed no student logits through its policy or "
                                "self-distillation loss (a TRL change?)")
