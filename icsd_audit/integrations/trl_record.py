@@ -60,7 +60,7 @@ from icsd_audit.integrations.checks import BatchInputError, check_values
 from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
 
 __all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "ACTIVE_CAPTURE", "LossCapture", "Recorder", "TrainerKind", "record",
-           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "teacher_token_logps",
+           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "teacher_token_logps", "in_topk",
            "wrap_term_functions"]
 
 #: [lowest tested, first untested) TRL versions of :func:`record`.
@@ -430,11 +430,28 @@ def teacher_token_logps(trainer: Any, student_logits: Tensor, teacher_logits: Te
     t = sampled_token_logps(teacher_logits, ids)
     a = trainer.args
     if getattr(a, "distillation_mode", None) == "topk_logits" and a.distillation_topk is not None:
-        with torch.no_grad():
-            top = torch.topk(student_logits.detach(), k=a.distillation_topk, dim=-1).indices  # TRL's support
-            inside = (top == ids.unsqueeze(-1)).any(dim=-1)
+        inside = in_topk(student_logits, ids, a.distillation_topk)
         t = torch.where(inside, t, torch.full_like(t, float("nan")))
     return t
+
+
+def in_topk(logits: Tensor, ids: Tensor, k: int) -> Tensor:
+    """``[B, T]`` bool: is ``ids`` among ``torch.topk(logits, k)``'s indices (TRL's top-k support)?
+
+    By rank, without sorting: a token with fewer than ``k`` logits above it and at most ``k``
+    at or above it is inside, one with ``k`` or more above it outside; only a tie across the
+    k-th place is settled by ``torch.topk`` itself, on those positions alone.
+    """
+    with torch.no_grad():
+        z = logits.detach()
+        mine = z.gather(-1, ids.unsqueeze(-1))
+        above, at_or_above = (z > mine).sum(-1), (z >= mine).sum(-1)
+        inside = at_or_above <= k
+        tie = (above < k) & ~inside
+        if bool(tie.any()):
+            top = torch.topk(z[tie], k=k, dim=-1).indices
+            inside[tie] = (top == ids[tie].unsqueeze(-1)).any(-1)
+    return inside
 
 
 def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:

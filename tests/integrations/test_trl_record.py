@@ -298,3 +298,17 @@ def test_importing_the_module_draws_no_random_number():
     with warnings.catch_warnings():
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_in_topk_equals_torch_topk_membership_ties_included():
+    from icsd_audit.integrations.trl_record import in_topk
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4, 30, 50, generator=g)
+    z[0, 0, :] = 0.0  # every logit tied
+    z[1, :, :10] = 3.0  # ten tied at the top, across the k-th place for k = 5
+    ids = torch.randint(0, 50, (4, 30), generator=g)
+    ids[1, :5] = torch.arange(5)
+    for k in (1, 5, 10, 25, 50):
+        want = (torch.topk(z, k, dim=-1).indices == ids.unsqueeze(-1)).any(-1)
+        assert torch.equal(in_topk(z, ids, k), want), k
