@@ -357,3 +357,20 @@ def test_bad_value_names_trainer_key_and_row(model_dir, tmp_path):
         recorder_of(tr).add(inputs=inputs, logp=torch.full((B, T), -1.0), teacher_logp=torch.full((B, T), -2.0),
                             term=None, advantage=adv, reward=None)
     assert recorder_of(tr).pending == []
+
+
+def test_gradient_accumulation_writes_one_folder_per_optimizer_step(model_dir, tmp_path):
+    """Two micro-batches per optimizer step: both land in the step's one folder, as distinct trajectories."""
+    kind = "sdpo:topk_logits:0.5"
+    plain = make_trainer(kind, model_dir, tmp_path / "plain")
+    plain.args.gradient_accumulation_steps = 2
+    plain.train()
+    tr = make_trainer(kind, model_dir, tmp_path / "rec")
+    tr.args.gradient_accumulation_steps = 2
+    record(tr, tmp_path / "dumps").train()
+    a, b = params(plain), params(tr)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == [f"step{k:06d}-r00000" for k in range(3)]
+    d = read_dump(tmp_path / "dumps")
+    for s in range(3):
+        assert len(set(d["traj_id"][d["batch_id"] == s])) == 16  # 2 micro-batches x 8 completions
