@@ -1,0 +1,97 @@
+"""recording(loss_fn, dump_dir): verl's own ppo_loss / distillation_ppo_loss, unchanged, and their rows dumped."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
+
+from verl.trainer.distillation.losses import distillation_ppo_loss  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+
+from icsd_audit.integrations.verl_record import recording  # noqa: E402
+from tests.integrations.test_verl_micro import _batch, _configs  # noqa: E402
+
+pytestmark = pytest.mark.engines
+torch.set_num_threads(1)
+
+
+def _same(a, b):
+    """(loss, metrics) pairs equal: the loss bit for bit, the metric keys and values."""
+    assert torch.equal(torch.as_tensor(a[0]), torch.as_tensor(b[0]))
+    assert a[1].keys() == b[1].keys()
+
+
+@pytest.mark.parametrize("mode,task,pg", [("k3", True, False), ("k1", False, True)])
+def test_distillation_ppo_loss_recorded_equals_verl_in_value_and_gradient(tmp_path, mode, task, pg):
+    actor, distill = _configs(loss_mode=mode, use_task_rewards=task, use_policy_gradient=pg)
+    rows, values, td, out, n = _batch(3, teacher_layout="verl")
+    plain = distillation_ppo_loss(copy.deepcopy(actor), copy.deepcopy(distill), model_output=out,
+                                  data=copy.deepcopy(td), dp_group=None)
+    (g0,) = torch.autograd.grad(plain[0], values)
+    # the worker's form: a partial called with keywords
+    rec = recording(functools.partial(distillation_ppo_loss, config=copy.deepcopy(actor),
+                                      distillation_config=copy.deepcopy(distill)), tmp_path / "d")
+    got = rec(model_output=out, data=copy.deepcopy(td), dp_group=None)
+    (g1,) = torch.autograd.grad(got[0], values)
+    _same(plain, got)
+    assert torch.equal(g0, g1)
+    d = read_dump_flat(tmp_path / "d")
+    assert len(d["logp"]) == n and d["valid"].all() and (d["c"] == 1).all()
+    # the dumped rows are the micro-batch's valid tokens in row order: teacher and logp at verl's shifted positions
+    want_t = np.concatenate([r["teacher"][r["mask"].bool()].numpy() for r in rows])
+    assert sorted(np.round(d["teacher_logp"], 4)) == sorted(np.round(want_t.astype(np.float32), 4))
+    assert np.allclose(d["delta"], d["teacher_logp"] - d["logp"], atol=1e-6)
+    lr = d["logp"].astype(np.float64) - d["teacher_logp"]
+    want_term = (np.exp(-lr) - 1 + lr) if mode == "k3" else lr  # verl's kl_penalty estimators
+    assert np.allclose(d["distill_term"], want_term, rtol=1e-4, atol=1e-6)
+    from tests.cli.test_outputs import cli
+
+    v = cli("audit", "verify", str(tmp_path / "d"))
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_ppo_loss_recorded_positionally_equals_verl_and_says_it_has_no_teacher(tmp_path):
+    from icsd_audit.dumps.reader import read_metadata
+
+    actor, _ = _configs()
+    rows, values, td, out, n = _batch(5, teacher_layout="verl")
+    del td["teacher_logprobs"]
+    plain = ppo_loss(copy.deepcopy(actor), out, copy.deepcopy(td))
+    (g0,) = torch.autograd.grad(plain[0], values)
+    got = recording(ppo_loss, tmp_path / "d")(copy.deepcopy(actor), out, copy.deepcopy(td))
+    (g1,) = torch.autograd.grad(got[0], values)
+    _same(plain, got)
+    assert torch.equal(g0, g1)
+    d = read_dump_flat(tmp_path / "d")
+    assert np.isnan(d["teacher_logp"]).all() and (d["delta"] == 0).all()
+    # verl's ratio of each token: exp(clamp(logp - old, -20, 20)) with logp at the shifted position
+    off, want = 0, []
+    for r in rows:
+        for j in range(r["R"]):
+            if r["mask"][j]:
+                want.append(float(np.exp(np.clip(float(values[off + r["P"] + j - 1]) - float(r["old"][j]), -20, 20))))
+        off += r["P"] + r["R"]
+    assert sorted(np.round(d["ratio"], 5)) == sorted(np.round(np.float32(want), 5))
+    import glob
+
+    meta = read_metadata(glob.glob(str(tmp_path / "d" / "*.parquet"))[0])
+    assert "no_teacher" in meta["producer"] and meta["allocator"]["alloc_scope"] == "micro-batch"
+
+
+def test_recording_refuses_a_function_that_is_not_a_worker_loss(tmp_path):
+    with pytest.raises(TypeError, match="not a verl worker loss"):
+        recording(lambda x: x, tmp_path)
+
+
+def read_dump_flat(path):
+    import pyarrow.parquet as pq
+
+    files = sorted(path.glob("*.parquet"))
+    tables = [pq.read_table(f) for f in files]
+    return {k: np.concatenate([t.column(k).to_numpy(zero_copy_only=False) for t in tables]) for k in tables[0].column_names}
