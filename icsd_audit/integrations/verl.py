@@ -28,8 +28,9 @@ from icsd_audit.integrations.core import C_KEY, TEACHER_KEY
 from icsd_audit.integrations.verl_compat import _resolve  # noqa: F401  (the signature tests use it from here)
 from icsd_audit.integrations.verl_compat import EXPECTED_SIGNATURES, TESTED_VERL, VerlCompatError, check_verl
 from icsd_audit.integrations.verl_loss import MicroBatchScope, icsd_ppo_loss
+from icsd_audit.integrations.verl_record import recording
 
-__all__ = ["C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss", "check_verl",
+__all__ = ["C_KEY", "TEACHER_KEY", "recording", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss", "check_verl",
            "EXPECTED_SIGNATURES"]
 
 log = logging.getLogger("icsd_audit.integrations.verl")

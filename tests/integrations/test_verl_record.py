@@ -95,3 +95,29 @@ def read_dump_flat(path):
     files = sorted(path.glob("*.parquet"))
     tables = [pq.read_table(f) for f in files]
     return {k: np.concatenate([t.column(k).to_numpy(zero_copy_only=False) for t in tables]) for k in tables[0].column_names}
+
+
+@pytest.mark.parametrize("jagged", [False, True])
+def test_ppo_loss_recorded_on_padded_and_jagged_batches(tmp_path, jagged):
+    """test_verl's padded (left-padded prompts, attention mask) and jagged layouts: same loss, same gradient, and
+    one dumped row per valid response token with verl's logp at the shifted position."""
+    from tests.integrations.test_verl import _jagged, _model_output, _padded, _rows
+
+    actor, _ = _configs()
+    rows, values, ent = _rows(7)
+    n = sum(r["R"] for r in rows)
+    td = (_jagged if jagged else _padded)(rows, n)
+    out = _model_output(rows, values, ent, jagged)
+    plain = ppo_loss(copy.deepcopy(actor), out, copy.deepcopy(td))
+    (g0,) = torch.autograd.grad(plain[0], values)
+    got = recording(ppo_loss, tmp_path / "d")(config=copy.deepcopy(actor), model_output=out, data=copy.deepcopy(td))
+    (g1,) = torch.autograd.grad(got[0], values)
+    _same(plain, got)
+    assert torch.equal(g0, g1)
+    d = read_dump_flat(tmp_path / "d")
+    off, want = 0, []
+    for r in rows:
+        want += [float(values[off + r["P"] + j - 1]) for j in range(r["R"])]
+        off += r["P"] + r["R"]
+    assert np.array_equal(d["logp"], np.float32(want))  # rows in (trajectory = row, position) order
+    assert np.array_equal(d["advantage"], np.float32(np.concatenate([r["adv"].numpy() for r in rows])))
