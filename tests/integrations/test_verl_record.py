@@ -121,3 +121,70 @@ def test_ppo_loss_recorded_on_padded_and_jagged_batches(tmp_path, jagged):
         off += r["P"] + r["R"]
     assert np.array_equal(d["logp"], np.float32(want))  # rows in (trajectory = row, position) order
     assert np.array_equal(d["advantage"], np.float32(np.concatenate([r["adv"].numpy() for r in rows])))
+
+
+def test_topk_distillation_recorded_equals_verl_and_nulls_tokens_outside_the_teachers_topk(tmp_path):
+    """forward_kl_topk as the final loss (the logits processor already left its per-token losses in the model
+    output): same loss and gradient; teacher_logp is the teacher's top-k entry of the sampled token, null where
+    the token is not among the teacher's ids; distill_term is verl's per-token loss."""
+    from verl.utils import tensordict_utils as tu
+
+    K = 3
+    actor, distill = _configs(loss_mode="forward_kl_topk", topk=K, use_task_rewards=True)
+    rows, values, td, out, n = _batch(11, teacher_layout="verl")
+    g = torch.Generator().manual_seed(11)
+
+    def nt(xs):
+        return torch.nested.nested_tensor(xs, layout=torch.jagged)
+
+    resp, tids, tlps, want = [], [], [], []
+    for b, r in enumerate(rows):
+        ids = torch.randint(10, 50, (r["R"],), generator=g)
+        L = r["P"] + r["R"]
+        t_ids = torch.randint(10, 50, (L, K), generator=g)
+        t_lp = -torch.rand(L, K, generator=g, dtype=torch.float64) * 3
+        for j in range(r["R"]):
+            t_ids[r["P"] + j - 1] = 5  # an id no sampled token has (they are 10..49)
+            if j % 2 == 0:  # every other token: the sampled token is in the teacher's top-k, at slot j % K
+                t_ids[r["P"] + j - 1, j % K] = ids[j]
+            if r["mask"][j]:
+                want.append(float(t_lp[r["P"] + j - 1, j % K]) if j % 2 == 0 else float("nan"))
+        resp.append(ids)
+        tids.append(t_ids)
+        tlps.append(t_lp)
+    fields = {k: td[k] for k in ("prompts", "response_mask", "old_log_probs", "advantages")}
+    fields.update(responses=nt(resp), teacher_ids=nt(tids), teacher_logprobs=nt(tlps))
+    data = tu.get_tensordict({**fields, "uid": [r["uid"] for r in rows], "session_id": [r["s"] for r in rows]})
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=n, global_batch_size=None)
+    offs = out["log_probs"].offsets()
+    n_tot = int(offs[-1])
+    losses = torch.rand(n_tot, generator=g, dtype=torch.float64)
+    base = out
+
+    def model_output():  # the top-k losses depend on the policy (a fresh graph per call)
+        return {**base, "distillation_losses": torch.nested.nested_tensor_from_jagged(0.5 * values + losses, offs),
+                "student_mass": torch.nested.nested_tensor_from_jagged(torch.full((n_tot,), 0.9, dtype=torch.float64),
+                                                                       offs),
+                "teacher_mass": torch.nested.nested_tensor_from_jagged(torch.full((n_tot,), 0.8, dtype=torch.float64),
+                                                                       offs)}
+
+    plain = distillation_ppo_loss(copy.deepcopy(actor), copy.deepcopy(distill), model_output(), copy.deepcopy(data))
+    (g0,) = torch.autograd.grad(plain[0], values)
+    rec = recording(functools.partial(distillation_ppo_loss, config=copy.deepcopy(actor),
+                                      distillation_config=copy.deepcopy(distill)), tmp_path / "d")
+    got = rec(model_output=model_output(), data=copy.deepcopy(data), dp_group=None)
+    (g1,) = torch.autograd.grad(got[0], values)
+    _same(plain, got)
+    assert torch.equal(g0, g1)
+    d = read_dump_flat(tmp_path / "d")
+    got_t = np.sort(d["teacher_logp"][~np.isnan(d["teacher_logp"])])
+    want = np.array(want)
+    assert np.isnan(d["teacher_logp"]).sum() == np.isnan(want).sum() > 0
+    assert np.allclose(got_t, np.sort(np.float32(want[~np.isnan(want)])))
+    assert (d["delta"][np.isnan(d["teacher_logp"])] == 0).all()
+    off, term = 0, []
+    for r in rows:
+        term += [max(0.0, float(0.5 * values[off + r["P"] + j - 1] + losses[off + r["P"] + j - 1]))
+                 for j in range(r["R"]) if r["mask"][j]]
+        off += r["P"] + r["R"]
+    assert np.allclose(np.sort(d["distill_term"]), np.sort(np.float32(term)))
