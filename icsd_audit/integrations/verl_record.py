@@ -45,10 +45,18 @@ __all__ = ["recording"]
 _STEP_STRIDE = 1_000_000
 
 
-def _dp_position() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+def _dp_position(data: Any) -> tuple[int, int, bool]:
+    """(data-parallel rank, data-parallel size, whether this process writes): one writer per data shard.
+
+    Ranks sharing a data shard (sequence parallelism) are consecutive global ranks, the inner dimension of
+    verl's ``(dp, sp)`` mesh; the first of them writes (as :mod:`.verl_loss` does).
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 0, 1, True
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    dp = int(data["dp_size"]) if "dp_size" in data.keys() else world
+    per_shard = max(1, world // max(dp, 1))
+    return rank // per_shard, max(dp, 1), rank % per_shard == 0
 
 
 def _padded(x: Any, data: Any) -> Tensor:
@@ -131,7 +139,9 @@ class _Recorder:
         check_values(f"{where}: data['teacher_logprobs']", torch.where(known, teacher, torch.zeros_like(teacher)),
                      mask, allow_rows=False)
         delta = torch.where(known, teacher - logp, torch.zeros_like(logp))
-        rank, world = _dp_position()
+        rank, world, writes = _dp_position(data)
+        if not writes:  # another rank of this data shard writes its rows
+            return
         step_v = _field(data, STEP_KEY, 0)
         step = int(step_v.view(-1)[0]) if step_v is not None else 0
         last, j = self.counter
