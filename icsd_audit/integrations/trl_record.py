@@ -22,9 +22,9 @@ only look at their output while a recorded loss runs (a context variable says wh
 ``turn_id`` (0; with a multi-turn ``tool_mask`` each run of model tokens is a turn), ``pos``,
 ``step``, ``token_id``, ``task`` (a 63-bit hash of the prompt's token ids: a GRPO group shares
 it), ``valid`` (the trainer's ``completion_mask``: completion tokens up to and including EOS;
-padding is not written), ``advantage``, ``ratio`` (``exp(logp - old_logp)`` as TRL forms it),
-``logp`` and ``old_logp`` (``old_logp = logp`` where TRL trains on-policy and skips it, as TRL
-does), ``teacher_logp`` (the teacher's log-prob of the sampled token from the teacher logits
+padding is not written), ``advantage``, ``ratio`` (``exp(logp - old_logp)`` as TRL forms it, per
+completion with ``importance_sampling_level="sequence"``), ``logp`` and ``old_logp`` (``old_logp =
+logp`` where TRL trains on-policy and skips it, as TRL does), ``teacher_logp`` (the teacher's log-prob of the sampled token from the teacher logits
 the loss computed; null outside the student's top-k in ``topk_logits`` mode and null for GRPO),
 ``delta = teacher_logp - logp`` (0 where ``teacher_logp`` is null), ``reward`` (the weighted sum
 TRL normalizes into advantages; absent for SDFT), ``distill_term`` (the per-token distillation
@@ -249,7 +249,12 @@ class Recorder:
         checked("inputs['old_per_token_logps']", old)
         if self.kind.has_advantage:
             adv = checked("inputs['advantages']", advantage.detach().float().cpu())
-            ratio = torch.exp(logp - old)  # TRL's coef_1 (token level) from the same float32 inputs
+            log_ratio = logp - old
+            if getattr(self.trainer, "importance_sampling_level", "token") == "sequence":  # GSPO: one per completion
+                mf = m.to(log_ratio.dtype)
+                log_ratio = ((log_ratio * mf).sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp(min=1.0)
+                             ).expand(B, T)
+            ratio = torch.exp(log_ratio)  # TRL's coef_1 from the same float32 inputs
         else:
             adv, ratio = torch.zeros(B), torch.ones(B, T)
         if teacher_logp is not None:
@@ -269,6 +274,7 @@ class Recorder:
         task = prompt_hash(inputs["prompt_ids"], inputs["prompt_mask"])
 
         def tok(x: Tensor) -> np.ndarray:
+            x = x.detach().cpu()
             x = x.view(-1, 1).expand(B, T) if x.dim() == 1 else x
             return x[rows, cols].numpy()
 

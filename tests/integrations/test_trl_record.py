@@ -374,3 +374,23 @@ def test_gradient_accumulation_writes_one_folder_per_optimizer_step(model_dir, t
     d = read_dump(tmp_path / "dumps")
     for s in range(3):
         assert len(set(d["traj_id"][d["batch_id"] == s])) == 16  # 2 micro-batches x 8 completions
+
+
+def test_sequence_level_ratio_is_the_completions_mean_log_ratio(model_dir, tmp_path):
+    """importance_sampling_level='sequence' (GSPO): the recorded ratio is TRL's per-completion exp(mean log-ratio)."""
+    from icsd_audit.integrations.trl_record import recorder_of
+
+    tr = record(make_trainer("grpo", model_dir, tmp_path / "o"), tmp_path / "d")
+    tr.importance_sampling_level = "sequence"
+    B, T = 2, 4
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    logp = torch.tensor([[-1.0, -2.0, -3.0, 0.0], [-1.0, -1.0, -1.0, -1.0]])
+    old = torch.tensor([[-1.5, -2.0, -2.0, 9.0], [-1.2, -1.0, -0.8, -1.0]])
+    inputs = {"completion_ids": torch.ones(B, T, dtype=torch.long), "completion_mask": mask,
+              "prompt_ids": torch.ones(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2),
+              "old_per_token_logps": old}
+    recorder_of(tr).add(inputs=inputs, logp=logp, teacher_logp=None, term=None, advantage=torch.tensor([1.0, -1.0]),
+                        reward=None)
+    ratio = recorder_of(tr).pending[0]["ratio"]
+    want = [np.exp((0.5 + 0.0 - 1.0) / 3)] * 3 + [np.exp(0.0)] * 4  # row 1: (0.2 + 0 - 0.2) / 4
+    assert np.allclose(ratio, want, atol=1e-6)
