@@ -41,6 +41,7 @@ __all__ = [
     "GradcosSummary",
     "AuditReport",
     "audit_dumps",
+    "missing_inputs",
     "make_figures",
     "write_figures",
     "write_report",
@@ -151,6 +152,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     omitted = _omitted(sketch_cols, cos_rows, "step" in names, steps)
     if strata.reason is not None:
         omitted["strata"] = strata.reason
+    omitted.update(missing_inputs(reader.metadata()))
     _release_freed_memory()  # the stream's freed batch temporaries, before the per-turn matrices are built
     # one bootstrap for all: the same intervals as each statistic's own command
     parts = [pooled.families()]
@@ -207,6 +209,29 @@ def _release_freed_memory() -> None:
         trim(0)
 
 
+#: report sections that need the teacher (delta) / the advantage, and so are n/a on a recording without one
+TEACHER_SECTIONS = ("summary", "quadrants", "landscape", "shift", "clip", "dynamics")
+ADVANTAGE_SECTIONS = ("summary", "quadrants", "shift", "clip", "dynamics")
+
+
+def missing_inputs(metas: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Section -> reason, for dumps whose producer recorded a stand-in for a missing input.
+
+    A recorded trainer without a teacher (``producer.no_teacher``: delta 0 throughout) supports no
+    distillation statistic; one without advantages (``producer.no_advantage``: advantage 0) supports
+    none that splits by the advantage's sign (trusted-conflict mass, sign regions, share shift,
+    clipping exposure), while the landscape's teacher axis stays.  The producer's sentence is the reason.
+    """
+    out: dict[str, str] = {}
+    for key, sections in (("no_teacher", TEACHER_SECTIONS), ("no_advantage", ADVANTAGE_SECTIONS)):
+        why = next((m["producer"][key] for m in metas if isinstance(m.get("producer"), Mapping)
+                    and m["producer"].get(key)), None)
+        if why is not None:
+            for s in sections:
+                out.setdefault(s, str(why))
+    return out
+
+
 def _omitted(sketch_cols: Sequence[str], cos_rows: CosineRows, has_step: bool, steps: set[Any]) -> dict[str, str]:
     """Section -> why the data cannot support it; the report prints the reason in the section's place."""
     out: dict[str, str] = {}
@@ -244,7 +269,7 @@ def make_figures(report: AuditReport, *, include_neutral: bool = True) -> dict[s
         out["dynamics"] = F.dynamics_figure(report.dynamics, show_diff=True)
     if report.strata:
         out["strata"] = F.strata_figure(report.strata[0])
-    return out
+    return {k: v for k, v in out.items() if k not in report.omitted}  # a section said n/a shows no figure
 
 
 def _render_all(figs: Mapping[str, Any], formats: Sequence[str], dpi: int | None) -> dict[str, bytes]:

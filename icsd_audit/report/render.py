@@ -48,6 +48,10 @@ _TITLES = {"quadrants": "Sign regions", "landscape": "Allocation landscape", "sh
            "alignment": "Gradient compatibility", "dynamics": "Training dynamics", "strata": "Token strata"}
 
 
+def _title(section: str) -> str:
+    return _TITLES.get(section, "Summary" if section == "summary" else "Clipping exposure")
+
+
 @dataclass(frozen=True)
 class Table:
     """A titled table of already formatted cells; ``section`` ties it to a figure."""
@@ -227,6 +231,8 @@ def _headline(report: AuditReport) -> str:
     t, o = report.stats.tcm, report.options
     if t is None:
         return ""
+    if "summary" in report.omitted:  # the recorded trainer lacks an input the statistic needs
+        return f"Trusted-conflict mass is n/a: {report.omitted['summary']}."
     if t.undefined:
         return f"Trusted-conflict mass is n/a: {t.undefined}."
     return (f"Trusted-conflict mass: {display_name(o.base)} {_pct(t.base.estimate, 1)} %, "
@@ -271,11 +277,12 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
     parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
     for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
-        if not sec_tables and section not in figures:
-            if section in report.omitted:
-                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
+        if section in report.omitted:
+            parts += [f"## {_title(section)}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
             continue
-        parts += [f"## {_TITLES.get(section, 'Summary' if section == 'summary' else 'Clipping exposure')}", ""]
+        if not sec_tables and section not in figures:
+            continue
+        parts += [f"## {_title(section)}", ""]
         if section in figures:
             parts += [f"![{section}](figures/{section}.png)", "", f"*{CAPTIONS[section]}*", ""]
         for t in sec_tables:
@@ -341,12 +348,13 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
                                                             numeric=False)]
     for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
-        if not sec_tables and section not in figures:
-            if section in report.omitted:
-                body += [f"<h2 id=\"{section}\">{e(_TITLES[section])}</h2>",
-                         f"<p class=\"note\">Not shown: {e(report.omitted[section])}.</p>"]
+        if section in report.omitted:
+            body += [f"<h2 id=\"{section}\">{e(_title(section))}</h2>",
+                     f"<p class=\"note\">Not shown: {e(report.omitted[section])}.</p>"]
             continue
-        title = _TITLES.get(section, "Summary" if section == "summary" else "Clipping exposure")
+        if not sec_tables and section not in figures:
+            continue
+        title = _title(section)
         body.append(f"<h2 id=\"{section}\">{e(title)}</h2>")
         if section in figures:
             data = base64.b64encode(figures[section]).decode("ascii")

@@ -68,6 +68,7 @@ from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, 
 
 __all__ = ["ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm"]
 
+
 log = logging.getLogger(__name__)
 
 
