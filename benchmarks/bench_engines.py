@@ -86,7 +86,7 @@ def work_trl(cfg: Any) -> dict[str, Any]:
     import transformers
     from trl import GRPOTrainer
 
-    from icsd_audit.integrations import engines
+    from icsd_audit.integrations.trl import engine as engines
     from icsd_audit.integrations.trl.trainer import ICSDGRPOTrainer
     from icsd_audit.integrations.trl.rollout import EpisodeRollout
 

@@ -9,6 +9,7 @@ from typing import Any, List, Mapping, Optional
 import typer
 
 from .common import fail, handle_errors, stderr_console
+from .options import allocator_options
 from .apps import app
 from .progress import RichReporter as _RichReporter, routed_logs, silence_bars
 
@@ -39,7 +40,8 @@ def _require_train_extra(command: str) -> None:
 
 #: config fields whose command-line option is not ``--field-name``
 _FLAGS = {"total_steps": "--steps", "adv_estimator": "--adv", "distill_coef": "--lambda", "out_dir": "--out",
-          "checkpoint_optimizer": "--weights-only", "eval_tasks": "--tasks", "eval_temperature": "--temperature"}
+          "checkpoint_optimizer": "--weights-only", "eval_tasks": "--tasks", "eval_temperature": "--temperature",
+          "alloc_eps": "--eps"}
 
 
 def _build_config(preset: str, overrides: Mapping[str, Any], sets: List[str], *, env_here: bool = True) -> Any:
@@ -117,6 +119,7 @@ def _check_env_data(cfg: Any) -> None:
 
 @app.command("train")
 @handle_errors
+@allocator_options("(default: the preset's; else {})")
 def train_cmd(
     preset: str = typer.Option(
         "cpu-demo", help="Starting configuration: paper (Table A1) or cpu-demo; with --env searchqa or alfworld "
@@ -136,7 +139,6 @@ def train_cmd(
     hybrid: Optional[str] = typer.Option(
         None, help="The paper's hybrid distillation baselines, as SDAR's code defines them (with --allocator none): "
                    "rlsd or skill-sd; none: off (docs/training.md)."),
-    trust: Optional[str] = typer.Option(None, help="Base trust: laplace, sigmoid or uniform."),
     distill_coef: Optional[float] = typer.Option(None, "--lambda", help="Distillation weight lambda."),
     seed: Optional[int] = typer.Option(None, help="Master seed."),
     device: Optional[str] = typer.Option(None, help="auto, cpu, cuda, cuda:1, ..."),
@@ -183,6 +185,7 @@ def train_cmd(
     gpus: Optional[int] = typer.Option(
         None, help="--engine verl: GPUs per node the command asks for (default: all torch sees; 1 for --dry-run "
                    "on a machine without)."),
+    *, settings: dict[str, Any],
 ) -> None:
     """Train a policy with GRPO/GiGPO, a privileged self-teacher and an allocated distillation term.
 
@@ -214,7 +217,7 @@ def train_cmd(
     try:  # builtin, trl: a signal before the run starts writes nothing and exits as one during it (143 / 130)
         with GracefulStop() if engine in ("builtin", "trl") else contextlib.nullcontext():
             _train(preset, dict(env=env, env_url=env_url, model=model, out=out, steps=steps, adv=adv,
-                                allocator=allocator, hybrid=hybrid, trust=trust, distill_coef=distill_coef, seed=seed,
+                                allocator=allocator, hybrid=hybrid, settings=settings, distill_coef=distill_coef, seed=seed,
                                 device=device,
                                 eval_every=eval_every, dump_every=dump_every, sketch_k=sketch_k,
                                 sketch_layers=sketch_layers, keep_checkpoints=keep_checkpoints,
@@ -234,20 +237,12 @@ def train_cmd(
 
 def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optional[Path], overwrite: bool,
            set_: List[str], plain: bool, engine: str, dry_run: bool = False, gpus: Optional[int] = None) -> None:
-    from icsd_audit.integrations.engines import ENGINES
+    from icsd_audit.train.launch import check_launch, launch
 
-    env, out, weights_only = o["env"], o["out"], o["weights_only"]
-    if engine not in ENGINES:
-        raise ValueError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if (dry_run or gpus is not None) and engine != "verl":
-        raise ValueError(f"--dry-run and --gpus are options of --engine verl, not --engine {engine}")
-    if gpus is not None and gpus < 1:
-        raise ValueError(f"--gpus {gpus}: must be >= 1")
     _require_train_extra("train")
     # a live bar only on a terminal; logs get whole lines, one per phase, and no progress bars
     log_lines = plain or not sys.stderr.isatty()
     silence_bars()  # tqdm and Hugging Face bars: our bar or log lines say what runs
-    from icsd_audit.train.loop import train
     from icsd_audit.train.run.metrics import PrintReporter
 
     model, init = o["model"], o["init"]
@@ -257,18 +252,19 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
 
         folder = str(resolve_init(str(init)))
         model = read_adapter_meta(folder).get("base_model") if is_adapter_dir(folder) else None
-    cfg = _build_config(preset, dict(env=env, env_url=o["env_url"], model=model,
-                                     out_dir=None if out is None else str(out), total_steps=o["steps"],
-                                     adv_estimator=o["adv"], allocator=o["allocator"], hybrid=o["hybrid"],
-                                     trust=o["trust"],
+    alloc = {("alloc_eps" if k == "eps" else k): v for k, v in o["settings"].items()}
+    cfg = _build_config(preset, dict(env=o["env"], env_url=o["env_url"], model=model,
+                                     out_dir=None if o["out"] is None else str(o["out"]), total_steps=o["steps"],
+                                     adv_estimator=o["adv"], allocator=o["allocator"], hybrid=o["hybrid"], **alloc,
                                      distill_coef=o["distill_coef"], seed=o["seed"], device=o["device"],
                                      eval_every=o["eval_every"], dump_every=o["dump_every"], sketch_k=o["sketch_k"],
                                      sketch_layers=o["sketch_layers"], keep_checkpoints=o["keep_checkpoints"],
                                      report_to=o["report_to"], policy=o["policy"], lora_rank=o["lora"],
                                      lora_alpha=o["lora_alpha"], lora_targets=o["lora_targets"],
                                      init=None if init is None else str(init),
-                                     checkpoint_optimizer=False if weights_only else None), set_,
+                                     checkpoint_optimizer=False if o["weights_only"] else None), set_,
                         env_here=not dry_run)
+    check_launch(cfg, engine=engine, dry_run=dry_run, gpus=gpus)
     if engine == "verl" and init is None and not any(x.strip().startswith("init=") for x in set_ or []) \
             and (cfg.init or "").startswith("warmstart:"):
         cfg = cfg.replace(init=None)  # a preset's warm start is for the built-in model on CPU, not verl's
@@ -278,7 +274,6 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
     from icsd_audit.runs.trackers import check_available, parse_report_to
 
     check_available(parse_report_to(cfg.report_to))  # a missing tracker package: one line, before any loading
-
     if cfg.out_dir:
         check_not_input(cfg.out_dir, cfg.input_paths(), option="--out")
     if engine == "builtin":  # before loading any data: a folder holding another run fails in a second
@@ -286,44 +281,30 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
 
         check_run_folder(cfg.out_dir, resume=resume or resume_from is not None, overwrite=overwrite)
     _check_env_data(cfg)
+    resume_at = resume_from if resume_from is not None else (True if resume else None)
     if cfg.policy != "model":
-        if engine != "builtin":
-            raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
-        from icsd_audit.train.run.metrics import PrintReporter
-        from icsd_audit.train.rollout.policy_run import play
-
-        played = play(cfg, reporter=PrintReporter(), overwrite=overwrite)
+        played = launch(cfg, engine=engine, reporter=PrintReporter(), overwrite=overwrite).result
         stderr_console().print(f"done: {len(played.records)} step(s) played by the {cfg.policy}; metrics "
                                f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
                                highlight=False, soft_wrap=True)
         return
-    if engine != "builtin" and cfg.hybrid != "none":
-        raise ValueError(f"--hybrid {cfg.hybrid} runs on the builtin engine only; drop --engine {engine}")
-    if engine == "trl":  # train() probes for the builtin engine
-        from icsd_audit.train.loop import check_services
+    if engine == "verl":
+        path = launch(cfg, engine=engine, dry_run=dry_run, gpus=gpus, overwrite=overwrite).result
+        stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
+                               f"in {path.parent})", highlight=False, soft_wrap=True)
+        return
+    if engine == "trl":
+        if log_lines:
+            from transformers.utils import logging as hf_logging
 
-        check_services(cfg)
-    if engine != "builtin":
-        from icsd_audit.integrations import engines as eng
-
-        if engine == "verl":
-            path = eng.run_verl(cfg, dry_run=dry_run, n_gpus=gpus, overwrite=overwrite)
-            stderr_console().print(("wrote " if dry_run else "ran ") + f"[bold]{path}[/] (data, model and agent loop "
-                                   f"in {path.parent})", highlight=False, soft_wrap=True)
-        else:
-            if log_lines:
-                from transformers.utils import logging as hf_logging
-
-                hf_logging.disable_progress_bar()
-            adv_explicit = o["adv"] is not None or any(item.strip().startswith("adv_estimator=") for item in set_)
-            eng.run_trl(cfg, reporter=PrintReporter() if log_lines else _RichReporter(), adv_explicit=adv_explicit,
-                        overwrite=overwrite,
-                        resume=resume_from if resume_from is not None else (True if resume else None))
+            hf_logging.disable_progress_bar()
+        adv_explicit = o["adv"] is not None or any(item.strip().startswith("adv_estimator=") for item in set_)
+        launch(cfg, engine=engine, reporter=PrintReporter() if log_lines else _RichReporter(),
+               adv_explicit=adv_explicit, overwrite=overwrite, resume=resume_at)
         return
     reporter = PrintReporter() if log_lines else _RichReporter()
     with routed_logs(reporter), reporter.keepalive():
-        res = train(cfg, resume=resume_from if resume_from is not None else (True if resume else None),
-                    reporter=reporter, overwrite=overwrite)
+        res = launch(cfg, engine=engine, resume=resume_at, reporter=reporter, overwrite=overwrite).result
     if res.next_step == res.start_step:  # a resume with nothing to run: train() said so and changed nothing
         return
     con = stderr_console()
@@ -334,7 +315,6 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         con.print(line, highlight=False, soft_wrap=True)
 
 
-#: What one episode's success is, per environment (``rollout/success`` is the share of a step's episodes).
 def what_next(cfg: Any, dumps: Optional[Path], last: Optional[Mapping[str, Any]] = None) -> list[str]:
     """The run's last lines: what success means on this configuration, why it is 0 when the last
     step (``last``, its metrics record) won nothing, and what to look at next."""

@@ -43,6 +43,8 @@ MOVED: dict[str, str] = {
     "icsd_audit.integrations.verl_trainer": "icsd_audit.integrations.verl.trainer",
     "icsd_audit.stats.run": "icsd_audit.audit.run",
     "icsd_audit.grads.cosines": "icsd_audit.audit.gradcos",
+    "icsd_audit.integrations.engines": ("icsd_audit.train.launch (launch, ENGINES), icsd_audit.integrations.verl.launch "
+                                        "(the verl command) and icsd_audit.integrations.trl.engine (run_trl)"),
     "icsd_audit.dumps.settings": "icsd_audit.audit.settings",
     "icsd_audit.dumps.coeffs": "icsd_audit.audit.coeffs",
     "icsd_audit.dumps.verify": "icsd_audit.audit.verify",

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BatchInputError", "TrajNames", "check_mask", "check_values", "check_row_ids", "check_turn_ids"]
+__all__ = ["EngineUnavailable", "BatchInputError", "TrajNames", "check_mask", "check_values", "check_row_ids", "check_turn_ids"]
 
 
 class BatchInputError(ValueError):
@@ -136,3 +136,7 @@ def check_turn_ids(name: str, ids: Any, n_rows: int, *, names: TrajNames | None 
         r = int(np.flatnonzero(out < 0)[0])
         raise BatchInputError(f"{name} must hold turn indices >= 0, got {int(out[r])} at {_where(r, names)}")
     return out
+
+
+class EngineUnavailable(ValueError):
+    """The engine cannot run here (missing package or hardware); the message says what it needs."""

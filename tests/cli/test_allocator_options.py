@@ -47,3 +47,11 @@ def test_the_decorated_command_receives_the_settings_given(tmp_path) -> None:
                     "min_group": 4, "eps": None}
     bad = CliRunner().invoke(demo, ["--trust-eta", "1.5"])
     assert bad.exit_code == 2 and "--trust-eta" in bad.output
+
+
+def test_icsd_train_takes_the_shared_settings_with_their_help() -> None:
+    cmd = next(c for c in app.registered_commands if c.name == "train")
+    params = inspect.signature(cmd.callback).parameters
+    for setting in SHARED_SETTINGS:
+        option = params[setting].default
+        assert option.help.startswith(SETTING_HELP[setting]) and "the preset's" in option.help, setting

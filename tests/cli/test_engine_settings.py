@@ -15,7 +15,8 @@ import pytest
 from icsd_audit.alloc.settings import AllocatorSettings
 from icsd_audit.dumps.provenance import COEFFICIENT_KEYS
 from icsd_audit.integrations.core import AllocationSettings
-from icsd_audit.integrations.engines import EngineUnavailable, check_verl_batches, verl_overrides
+from icsd_audit.integrations.checks import EngineUnavailable
+from icsd_audit.integrations.verl.launch import check_verl_batches, verl_overrides
 from icsd_audit.train.config import TrainConfig
 
 #: a non-default value for every allocator setting, under the run config's name (worked out by hand, not read

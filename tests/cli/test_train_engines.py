@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from icsd_audit.integrations.engines import verl_overrides, write_verl_command
+from icsd_audit.integrations.verl.launch import verl_overrides, write_verl_command
 from icsd_audit.train.config import TrainConfig
 
 
@@ -231,7 +231,7 @@ def test_trl_engine_with_lora_trains_the_adapter_and_audit_coeffs_recomputes(tmp
     import numpy as np
     import pyarrow.parquet as pq
 
-    from icsd_audit.integrations.engines import _trl_policy
+    from icsd_audit.integrations.trl.engine import _trl_policy
 
     run = tmp_path / "run"
     r = _icsd("train", "--engine", "trl", "--preset", "cpu-demo", "--model", "tiny-random", "--adv", "grpo",
@@ -363,7 +363,7 @@ def test_trl_engine_sigterm_mid_step_commits_nothing_of_it_and_resume_gives_the_
 RUN_COMMAND = r"""
 import sys
 from pathlib import Path
-from icsd_audit.integrations.engines import CommandStopped, run_command
+from icsd_audit.integrations.verl.launch import CommandStopped, run_command
 try:
     run_command(Path(sys.argv[1]))
 except CommandStopped as exc:
@@ -381,7 +381,7 @@ def test_a_job_that_outlives_its_stopped_shell_is_killed_after_the_grace(tmp_pat
     script = tmp_path / "verl_command.sh"
     script.write_text(f"#!/usr/bin/env bash\ncd {tmp_path}\n"
                       "(trap '' TERM; echo $BASHPID > child.pid; while true; do sleep 0.1; done) &\nwait\n")
-    command = RUN_COMMAND.replace("try:", "import icsd_audit.integrations.engines as e\ne.GROUP_GRACE_S = 1.0\ntry:", 1)
+    command = RUN_COMMAND.replace("try:", "import icsd_audit.integrations.verl.launch as e\ne.GROUP_GRACE_S = 1.0\ntry:", 1)
     proc = subprocess.Popen([sys.executable, "-c", command, str(script)], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text().strip():

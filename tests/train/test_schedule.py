@@ -93,7 +93,7 @@ def test_actor_runs_every_optimizer_step_of_a_training_step_at_its_rate(tiny):
 
 
 def test_engines_carry_the_ratio():
-    from icsd_audit.integrations.engines import verl_overrides
+    from icsd_audit.integrations.verl.launch import verl_overrides
 
     cfg = preset("paper-searchqa")
     over = verl_overrides(cfg, data_dir="/d", model_path="/m", agent_loop_config="/a.yaml")

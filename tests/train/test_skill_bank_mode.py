@@ -81,7 +81,7 @@ def test_bad_value_is_refused():
 
 
 def test_the_verl_command_carries_it():
-    from icsd_audit.integrations.engines import verl_overrides
+    from icsd_audit.integrations.verl.launch import verl_overrides
 
     cfg = TrainConfig(env="webshop", allocator="sdar", skill_bank_mode="general")
     over = verl_overrides(cfg, data_dir="/d", model_path="/m", agent_loop_config="/a.yaml")
