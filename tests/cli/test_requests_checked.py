@@ -159,7 +159,7 @@ def test_bad_memory_limit_is_one_line(dump: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_limit_parsing_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from icsd_audit.audit import budget as budget
+    from icsd_audit.stats import budget
 
     for text, n in (("123", 123), ("4K", 4096), ("1.5G", 3 * (1 << 29)), ("2TiB", 2 << 40), ("512mb", 512 << 20)):
         monkeypatch.setenv("ICSD_MEMORY_LIMIT", text)
