@@ -84,8 +84,10 @@ def stream_seed(rng: Any) -> np.random.SeedSequence:
 
 
 #: relative costs per (resample, cluster) behind the choice of a family's sparse parts: a gathered
-#: and converted row of counts, and one column of a product (measured on the dev box; any values
-#: give the same numbers, only the speed changes)
+#: and converted row of counts, and one column of a product (measured on the dev box).  They are part
+#: of the numbers: a column gathered is summed in another order than the same column multiplied
+#: densely (the last bits of its resampled sums differ, 1e-13 relative), so changing them changes
+#: the intervals' last bits, in every command alike (the choice reads the family's own sums only)
 _GATHER_COST, _COLUMN_COST = 0.33, 0.077
 #: fixed cost of a part (its calls), in clusters of gathering
 _PART_OVERHEAD = 2048
@@ -208,16 +210,17 @@ class Family:
                 acc[g, :, p0:p1] += np.matmul(self.ST[p0:p1, a:z], cf[:, a - c0 : z - c0])
 
     def add_parts(self, counts: np.ndarray, gbuf: np.ndarray, cf: np.ndarray, acc_of: Any) -> None:
-        """Every part's sums: the parts' clusters' counts gathered at once into ``gbuf``, then converted
-        tile by tile and multiplied part by part (and group by group) where they meet a tile."""
+        """Every part's sums: the parts' clusters' counts gathered a tile at a time (into ``gbuf``, flat, while
+        it stays in cache), converted, and multiplied part by part (and group by group) where they meet a tile."""
         if not self.parts:
             return
-        got = gbuf[:, : self.part_rows.size]
-        np.take(counts, self.part_rows, axis=1, out=got, mode="wrap")
-        for t0 in range(0, got.shape[1], TILE):
-            t1 = min(got.shape[1], t0 + TILE)
+        rows = self.part_rows
+        for t0 in range(0, rows.size, TILE):
+            t1 = min(rows.size, t0 + TILE)
+            got = gbuf[: SUPER * (t1 - t0) * BLOCK].reshape(SUPER, t1 - t0, BLOCK)
+            np.take(counts, rows[t0:t1], axis=1, out=got, mode="wrap")
             x = cf[:, : t1 - t0]
-            np.copyto(x, got[:, t0:t1], casting="unsafe")
+            np.copyto(x, got, casting="unsafe")
             for part, off in zip(self.parts, self.part_off):
                 a0, z0 = max(t0, off), min(t1, off + part.rows.size)  # this part's rows in the tile
                 if z0 <= a0:
@@ -241,7 +244,8 @@ class _Engine:
         self._local = threading.local()
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
+        """This thread's counts (one slab per block), float64 tile and a tile of gathered counts, reused unit
+        after unit.
 
         Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
         advice on arrays of 4 MB or more can stall the fault on compaction).
@@ -251,7 +255,7 @@ class _Engine:
             gathered = max((f.gathered for f in self.families), default=0)
             buf = self._local.buf = (np.empty((SUPER, self.lay.n, BLOCK), dtype=np.int8),
                                      np.empty((SUPER, min(max(self.lay.n, gathered), TILE), BLOCK), dtype=np.float64),
-                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8))
+                                     np.empty(SUPER * min(gathered, TILE) * BLOCK, dtype=np.int8))
         return buf
 
     def block(self, u: int) -> np.ndarray:
@@ -306,8 +310,7 @@ def family_sums(
     T has shape (r1 - r0, groups, K) for resamples r0..r1-1.  One draw of counts per
     block serves every family; neither ``chunk_size`` (resamples per yielded chunk) nor
     ``workers`` (forked processes on Linux, threads elsewhere) changes any value.
-    Working memory per worker: SPAN bytes per cluster and per gathered cluster of the sparse
-    parts, and a 1 MB tile.
+    Working memory per worker: SPAN bytes per cluster, a 1 MB tile and a tile of gathered counts.
     """
     eng = _Engine(lay, families, seed)
     n_units = -(-n_resamples // SPAN)  # whole units: the first R resamples never depend on how many are drawn
