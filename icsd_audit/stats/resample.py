@@ -210,17 +210,16 @@ class Family:
                 acc[g, :, p0:p1] += np.matmul(self.ST[p0:p1, a:z], cf[:, a - c0 : z - c0])
 
     def add_parts(self, counts: np.ndarray, gbuf: np.ndarray, cf: np.ndarray, acc_of: Any) -> None:
-        """Every part's sums: the parts' clusters' counts gathered a tile at a time (into ``gbuf``, flat, while
-        it stays in cache), converted, and multiplied part by part (and group by group) where they meet a tile."""
+        """Every part's sums: the parts' clusters' counts gathered at once into ``gbuf``, then converted
+        tile by tile and multiplied part by part (and group by group) where they meet a tile."""
         if not self.parts:
             return
-        rows = self.part_rows
-        for t0 in range(0, rows.size, TILE):
-            t1 = min(rows.size, t0 + TILE)
-            got = gbuf[: SUPER * (t1 - t0) * BLOCK].reshape(SUPER, t1 - t0, BLOCK)
-            np.take(counts, rows[t0:t1], axis=1, out=got, mode="wrap")
+        got = gbuf[:, : self.part_rows.size]
+        np.take(counts, self.part_rows, axis=1, out=got, mode="wrap")
+        for t0 in range(0, got.shape[1], TILE):
+            t1 = min(got.shape[1], t0 + TILE)
             x = cf[:, : t1 - t0]
-            np.copyto(x, got, casting="unsafe")
+            np.copyto(x, got[:, t0:t1], casting="unsafe")
             for part, off in zip(self.parts, self.part_off):
                 a0, z0 = max(t0, off), min(t1, off + part.rows.size)  # this part's rows in the tile
                 if z0 <= a0:
@@ -244,8 +243,7 @@ class _Engine:
         self._local = threading.local()
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's counts (one slab per block), float64 tile and a tile of gathered counts, reused unit
-        after unit.
+        """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
 
         Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
         advice on arrays of 4 MB or more can stall the fault on compaction).
@@ -255,7 +253,7 @@ class _Engine:
             gathered = max((f.gathered for f in self.families), default=0)
             buf = self._local.buf = (np.empty((SUPER, self.lay.n, BLOCK), dtype=np.int8),
                                      np.empty((SUPER, min(max(self.lay.n, gathered), TILE), BLOCK), dtype=np.float64),
-                                     np.empty(SUPER * min(gathered, TILE) * BLOCK, dtype=np.int8))
+                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8))
         return buf
 
     def block(self, u: int) -> np.ndarray:
@@ -310,7 +308,8 @@ def family_sums(
     T has shape (r1 - r0, groups, K) for resamples r0..r1-1.  One draw of counts per
     block serves every family; neither ``chunk_size`` (resamples per yielded chunk) nor
     ``workers`` (forked processes on Linux, threads elsewhere) changes any value.
-    Working memory per worker: SPAN bytes per cluster, a 1 MB tile and a tile of gathered counts.
+    Working memory per worker: SPAN bytes per cluster and per gathered cluster of the sparse
+    parts, and a 1 MB tile.
     """
     eng = _Engine(lay, families, seed)
     n_units = -(-n_resamples // SPAN)  # whole units: the first R resamples never depend on how many are drawn
