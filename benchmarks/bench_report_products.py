@@ -150,7 +150,7 @@ def fused_experiment(R: Any, lay: Any, F: list[Any], seed: Any, args: argparse.N
     t_own = t_fused = 0.0
     for u in range(args.units):
         for j in range(R.SUPER):
-            R._block_counts(R._block_generator(seed, u * R.SUPER + j), counts[j], lay)
+            R.block_counts(R.block_generator(seed, u * R.SUPER + j), counts[j], lay)
         t_own += cpu(lambda: tiles(False), args.repeats)
         t_fused += cpu(lambda: tiles(True), args.repeats)
         same &= all(np.array_equal(a, b) for a, b in zip(tiles(False), tiles(True)))

@@ -84,8 +84,10 @@ def stream_seed(rng: Any) -> np.random.SeedSequence:
 
 
 #: relative costs per (resample, cluster) behind the choice of a family's sparse parts: a gathered
-#: and converted row of counts, and one column of a product (measured on the dev box; any values
-#: give the same numbers, only the speed changes)
+#: and converted row of counts, and one column of a product (measured on the dev box).  They are part
+#: of the numbers: a column gathered is summed in another order than the same column multiplied
+#: densely (the last bits of its resampled sums differ, 1e-13 relative), so changing them changes
+#: the intervals' last bits, in every command alike (the choice reads the family's own sums only)
 _GATHER_COST, _COLUMN_COST = 0.33, 0.077
 #: fixed cost of a part (its calls), in clusters of gathering
 _PART_OVERHEAD = 2048

@@ -169,6 +169,37 @@ def test_a_statistic_s_sums_do_not_depend_on_what_else_is_bootstrapped():
     assert run(stats.tcm, d, n_resamples=300, rng=2).to_dict() == run(stats.audit, d, n_resamples=300, rng=2).tcm.to_dict()
 
 
+def test_gathered_parts_agree_with_dense_products(monkeypatch):
+    # a share-shift-like family: 11 bins partition the turns (2 weightings each), a dense total and a column on 2 % of
+    # turns; the bins and the sparse column are multiplied by their turns' gathered counts (parts), the rest densely.
+    # Reference: the counts themselves (S = identity) times the sums, group by group; and the same family with every
+    # column dense.  Both agree to rounding only: which columns are gathered changes the order of the additions, so
+    # it is part of the numbers (it depends on the family's own sums alone: one interval per statistic, SPEC 7).
+    from icsd_audit.stats import resample
+
+    rng = np.random.default_rng(4)
+    sizes, n = [1000, 600, 800], 2400
+    group_of = np.repeat([0, 0, 1], sizes)
+    bins = rng.integers(0, 11, n)
+    S = np.zeros((n, 24))
+    S[np.arange(n), 2 * bins] = rng.standard_normal(n) * np.exp(2 * rng.standard_normal(n))
+    S[np.arange(n), 2 * bins + 1] = rng.random(n)
+    S[:, 22] = S[:, 0:22:2].sum(axis=1)
+    S[rng.random(n) < 0.02, 23] = 1.0
+    C = counts_matrix(sizes, 300, seed=9)  # exact (integer sums), whichever path
+    ref = np.stack([C[:, group_of == g] @ S[group_of == g] for g in (0, 1)], axis=1)
+    monkeypatch.setattr(resample, "_PART_OVERHEAD", 0)  # parts on a small input
+    lay = resample.Layout(np.asarray(sizes))
+    fam = resample.Family(np.ascontiguousarray(S.T), [0, 0, 1], 2, lay)
+    assert len(fam.parts) == 12 and fam.dense.tolist() == [22]  # the parts path is what is tested here
+    got = np.concatenate([T for _, _, T in resampled_sums(S, sizes, [0, 0, 1], 2, 300, rng=9)])
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(S).sum())
+    monkeypatch.setattr(resample, "_GATHER_COST", np.inf)  # every column dense
+    assert not resample.Family(np.ascontiguousarray(S.T), [0, 0, 1], 2, lay).parts
+    dense = np.concatenate([T for _, _, T in resampled_sums(S, sizes, [0, 0, 1], 2, 300, rng=9)])
+    assert np.allclose(dense, got, rtol=1e-12, atol=1e-12 * np.abs(S).sum())
+
+
 def test_zero_clusters_keep_chunk_invariance():
     rng = np.random.default_rng(7)
     num = rng.random((2000, 2)) * (rng.random((2000, 1)) < 0.7)  # 30% of turns carry nothing
