@@ -331,6 +331,7 @@ SUCCESS = {
                "(reward 1; score is the reward's partial credit, 0 to 1)",
     "searchqa": "ended with an answer that exactly matches a gold answer",
     "alfworld": "completed its household task",
+    "clue": "opened the box holding the key within the turn budget",
 }
 
 

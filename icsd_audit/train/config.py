@@ -105,13 +105,17 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
-    """Environment name (built-in: webshop, alfworld, searchqa; alfworld needs `pip install 'icsd-audit[alfworld]'`)."""
+    """Environment name (built-in: webshop, alfworld, searchqa, clue; alfworld needs `pip install 'icsd-audit[alfworld]'`)."""
     env_url: str | None = None
     """URL of a real WebShop server; None uses the built-in offline WebShop."""
     alfworld_data: str | None = None
     """Official ALFWorld data folder (holding json_2.1.1/; train and valid_unseen games); None: $ALFWORLD_DATA, else the built-in generated games."""
     server_num_goals: int | None = None
     """With env_url: how many goals the WebShop server loaded (its train split is every goal after the first 500, as in verl-agent); required to train against a server. WebShop prints it at start-up ('Loaded N goals.', web_agent_site/envs/web_agent_text_env.py)."""
+    clue_boxes: int = 8
+    """env='clue': number of boxes the key may be in (2..12)."""
+    clue_accuracy: float = 1.0
+    """env='clue': probability that a task's clue (what the privileged teacher sees) names the key's box; otherwise it names another box (fixed per task)."""
     train_split: str = "train"
     """Task split rollouts draw from."""
     eval_split: str = "eval"
@@ -502,10 +506,11 @@ class TrainConfig:
         need(not self.one_shot or self.env in _ONE_SHOT_ENVS,
              f"one_shot=True has no worked example for env {self.env!r}; set one_shot=False")
         if not (self.model in _MODEL_ALIASES or Path(self.model).expanduser().is_dir()):
-            p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
+            p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random', 'tiny-word' nor a local folder; "
                      "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
         need(self.policy in ("model", "expert"), f"policy={self.policy!r}: choose 'model' or 'expert'")
         p.extend(self._searchqa_problems())
+        p.extend(self._clue_problems())
         try:
             from icsd_audit.runs.trackers import parse_report_to
 
@@ -601,6 +606,22 @@ class TrainConfig:
 
         return self.init is not None and is_adapter_dir(str(self.init_path))
 
+    def _clue_problems(self) -> list[str]:
+        from icsd_audit.envs.clue.vocab import MAX_BOXES
+
+        p = []
+        if not 2 <= self.clue_boxes <= MAX_BOXES:
+            p.append(f"clue_boxes={self.clue_boxes} must lie in 2..{MAX_BOXES} (the word vocabulary's box numbers)")
+        if not (math.isfinite(self.clue_accuracy) and 0.0 <= self.clue_accuracy <= 1.0):
+            p.append(f"clue_accuracy={self.clue_accuracy} must lie in [0, 1]")
+        if self.model == "tiny-word" and self.env != "clue":
+            p.append(f"model='tiny-word' knows only the clue environment's words; use env='clue' or another model "
+                     f"(env={self.env!r})")
+        if self.env == "clue" and self.student_skills != "off" and self.skillbank is None:
+            p.append(f"student_skills={self.student_skills!r}: the clue environment's privileged text is the teacher's "
+                     "alone; set student_skills='off' or name a skillbank")
+        return p
+
     def _searchqa_problems(self) -> list[str]:
         p = []
         named = [k for k in ("searchqa_corpus", "searchqa_data", "retriever_url") if getattr(self, k)]
@@ -623,7 +644,7 @@ class TrainConfig:
         return p
 
 
-_MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
+_MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random", "tiny-word")
 _EMBEDDED_ALIASES = _MODEL_ALIASES[:4]
 
 #: ``init`` may name a warm start shipped with icsd: ``warmstart:NAME`` is the adapter folder

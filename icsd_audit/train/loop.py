@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from icsd_audit.envs import TextEnv, make_env
+from icsd_audit.envs import PRIVILEGED_ENVS, TextEnv, make_env
 from icsd_audit.runs.recorder import record_run
 from icsd_audit.train.models import load_model, resolve_device, set_threads, tiny_random_causal_lm
 from icsd_audit.train.actor import Actor, StepData, make_distillation
@@ -77,6 +77,7 @@ from icsd_audit.train.rollout import PromptBuilder, RolloutBatch, RolloutSetting
 from icsd_audit.train.sketching import dump_sketch_metadata, make_sketcher
 from icsd_audit.train.skills import load_skillbank
 from icsd_audit.train.teacher import make_teacher, skill_retriever
+from icsd_audit.train.tiny_word import TINY_WORD, tiny_word_causal_lm
 
 __all__ = ["train", "TrainResult", "TrainingStopped", "load_policy", "seed_step", "draw_tasks", "resolve_precision",
            "EnvFactory", "check_services"]
@@ -131,13 +132,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def load_policy(model: str, *, device: torch.device, seed: int = 0,
                 trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) in float32: a local folder, the embedded SmolLM2, or 'tiny-random'.
+    """(model, tokenizer) in float32: a local folder, the embedded SmolLM2, 'tiny-random' or 'tiny-word'.
 
     Code shipped in a model folder runs only with ``trust_remote_code=True``.
     """
     t0 = time.perf_counter()
     if model == "tiny-random":
         m, tok = tiny_random_causal_lm(seed=seed)
+        m = m.to(device)
+    elif model == TINY_WORD:
+        m, tok = tiny_word_causal_lm(seed=seed)
         m = m.to(device)
     else:
         lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
@@ -156,6 +160,8 @@ def _default_env_factory(cfg: TrainConfig) -> EnvFactory:
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
                           retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol)
+        if cfg.env == "clue":
+            kwargs.update(boxes=cfg.clue_boxes, clue_accuracy=cfg.clue_accuracy)
         if cfg.env == "alfworld":
             kwargs["data"] = cfg.alfworld_data
             kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert
@@ -388,7 +394,10 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     adv_options = ADV_OPTIONS[cfg.adv_estimator](cfg)
     distill = make_distillation(cfg)
     hybrid = make_hybrid(cfg)  # Skill-SD / RLSD (allocator 'none'): the teacher without an allocation
-    bank = load_skillbank(cfg.skillbank_name) if (cfg.teacher_enabled or cfg.student_skills != "off") else None
+    # an environment that gives its own privileged text (the clue) needs a bank only when one is named
+    wants_bank = cfg.env not in PRIVILEGED_ENVS or cfg.skillbank is not None
+    bank = (load_skillbank(cfg.skillbank_name)
+            if wants_bank and (cfg.teacher_enabled or cfg.student_skills != "off") else None)
 
     def make_builder(student_sees_skills: bool) -> PromptBuilder:
         skill = (skill_retriever(bank, skill_mode=cfg.skill_mode, skill_match=cfg.skill_match)
