@@ -22,16 +22,20 @@ def _task_with_target(env: ClueEnv, target: int) -> int:
 
 
 def test_feedback_points_to_the_key_and_found_ends_with_reward_one():
-    env = ClueEnv("eval", boxes=8, max_steps=4)
+    env = ClueEnv("eval", boxes=8, max_steps=5)
     obs = env.reset(_task_with_target(env, 6))
-    assert obs.text == "start" and obs.instruction == "boxes 1 to 8 ." and obs.available_actions == ()
+    assert obs.text == "start 1 to 8" and obs.instruction == "boxes 1 to 8 ." and obs.available_actions == ()
     r = env.step("open 4")
-    assert (r.observation.text, r.reward, r.done, r.info["valid_action"], r.won) == ("right", 0.0, False, True, False)
+    assert (r.observation.text, r.reward, r.done, r.info["valid_action"], r.won) == ("right 5 to 8", 0.0, False, True,
+                                                                                     False)
     r = env.step("OPEN   7 ")  # case and spaces do not matter
-    assert (r.observation.text, r.done, r.info["valid_action"]) == ("left", False, True)
+    assert (r.observation.text, r.done, r.info["valid_action"]) == ("left 5 to 6", False, True)
+    r = env.step("open 2")  # outside the interval: valid, the answer and the interval as before
+    assert (r.observation.text, r.done, r.info["valid_action"]) == ("right 5 to 6", False, True)
     assert env.interval == (5, 6)
     r = env.step("open 6")
     assert (r.observation.text, r.reward, r.done, r.won, r.info["score"]) == ("found", 1.0, True, True, 1.0)
+    assert env.steps == 4
     with pytest.raises(RuntimeError):
         env.step("open 1")
 
@@ -43,7 +47,7 @@ def test_malformed_replies_are_invalid_and_change_nothing_but_the_turn_count(rep
     env.reset(_task_with_target(env, 2))
     env.step("open 4")
     r = env.step(reply)
-    assert (r.observation.text, r.reward, r.done, r.info["valid_action"]) == ("invalid", 0.0, False, False)
+    assert (r.observation.text, r.reward, r.done, r.info["valid_action"]) == ("invalid 1 to 3", 0.0, False, False)
     assert env.interval == (1, 3) and env.steps == 2
     assert not env.reply_valid(reply) and not parse_reply(reply, boxes=8).valid
 
@@ -52,7 +56,7 @@ def test_the_budget_ends_the_episode_unwon_and_reopening_is_valid():
     env = ClueEnv("eval", boxes=8, max_steps=3)
     env.reset(_task_with_target(env, 8))
     outs = [env.step("open 1") for _ in range(3)]
-    assert [o.observation.text for o in outs] == ["right"] * 3 and all(o.info["valid_action"] for o in outs)
+    assert [o.observation.text for o in outs] == ["right 2 to 8"] * 3 and all(o.info["valid_action"] for o in outs)
     assert [o.done for o in outs] == [False, False, True] and outs[-1].info["truncated"] and not outs[-1].won
 
 
@@ -111,7 +115,7 @@ def test_the_privileged_text_is_the_clue_and_not_in_the_student_prompt():
     builder = PromptBuilder(TOK, env="clue", history_window=4, max_prompt_tokens=64)
     ctx = TurnContext(task=obs.instruction, observation=obs.text, env="clue", privileged=obs.meta["privileged"])
     student = builder.student_text(ctx)
-    assert student == "boxes 1 to 8 . start >"
+    assert student == "boxes 1 to 8 . start 1 to 8 >"
     ids = builder.student(ctx)[0]
     teacher = builder.teacher(ctx, ids, obs.meta["privileged"])[0]
     assert TOK.decode(teacher) == f"[ privileged skill information ] clue key in box {env.task.clue} " + student
@@ -120,14 +124,16 @@ def test_the_privileged_text_is_the_clue_and_not_in_the_student_prompt():
 
 def test_prompts_of_every_turn_use_only_vocabulary_words():
     builder = PromptBuilder(TOK, env="clue", history_window=4, max_prompt_tokens=64)
-    hist = [HistoryEntry("start", "open 4"), HistoryEntry("right", "open ] 3"), HistoryEntry("invalid", "")]
-    ctx = TurnContext(task="boxes 1 to 12 .", observation="invalid", history=hist, env="clue")
+    hist = [HistoryEntry("start 1 to 12", "open 4"), HistoryEntry("right 5 to 12", "open ] left 3"),
+            HistoryEntry("invalid 5 to 12", "open 12")]
+    ctx = TurnContext(task="boxes 1 to 12 .", observation="left 5 to 11", history=hist, env="clue")
     text = builder.student_text(ctx)
-    assert text == "boxes 1 to 12 . start open 4 right . open ] 3 invalid . invalid . >"
+    # an invalid turn's words are not repeated back: only its observation shows
+    assert text == "boxes 1 to 12 . start 1 to 12 open 4 right 5 to 12 . invalid 5 to 12 . open 12 left 5 to 11 . >"
     ids = builder.student(ctx)[0]
     assert TOK.unk_token_id not in ids and TOK.decode(ids) == text
     short = PromptBuilder(TOK, env="clue", history_window=1, max_prompt_tokens=64).student_text(ctx)
-    assert short == "boxes 1 to 12 . invalid . >"  # the window drops the oldest turns and the first observation
+    assert short == "boxes 1 to 12 . open 12 left 5 to 11 . >"  # the window drops the oldest turns and the first observation
 
 
 def test_tiny_word_model_is_small_deterministic_and_matches_the_vocabulary():

@@ -3,15 +3,17 @@
 The rules (docs/envs.md, "Clue"):
 
 * A task hides the key in one box of ``boxes`` (numbered 1..boxes). The first
-  observation is ``start``.
+  observation is ``start 1 to N``.
 * A turn's reply is ``open K``: exactly those two words, K a box number in range
   (case and surrounding whitespace do not matter). The environment answers ``found``
-  (the episode ends, reward 1, won) when the key is in box K, else ``left`` or
-  ``right``: the side of K the key is on. Opening a box again is valid and gets the
-  same answer.
-* Any other reply is invalid: the observation is ``invalid``, nothing else changes, the
-  turn counts, and ``info["valid_action"]`` is False (the trainer's invalid-action
-  penalty then applies; :meth:`ClueEnv.reply_valid` is the ``format`` rule).
+  (the episode ends, reward 1, won) when the key is in box K, else ``left LO to HI``
+  or ``right LO to HI``: the side of K the key is on, then the boxes the key can still
+  be in given every answer so far. Opening a box again is valid and gets the same
+  answer.
+* Any other reply is invalid: the observation is ``invalid LO to HI`` (the interval
+  unchanged), nothing else changes, the turn counts, and ``info["valid_action"]`` is
+  False (the trainer's invalid-action penalty then applies; :meth:`ClueEnv.reply_valid`
+  is the ``format`` rule).
 * After ``max_steps`` turns without ``found`` the episode ends with reward 0.
 * The privileged teacher sees ``clue key in box C`` (``Observation.meta["privileged"]``),
   where C is the key's box with probability ``clue_accuracy`` and another box otherwise
@@ -127,7 +129,7 @@ class ClueEnv:
             raise TypeError(f"task must be an int index, a ClueTask or None, not {type(task).__name__}")
         self._task, self._done, self._steps = t, False, 0
         self._lo, self._hi = 1, t.boxes
-        return self._obs(START)
+        return self._obs(self._answer(START))
 
     def step(self, action: str) -> StepResult:
         if self._done or self._task is None:
@@ -136,21 +138,26 @@ class ClueEnv:
         parsed = parse_reply(action, boxes=self.boxes)
         reward, won = 0.0, False
         if not parsed.valid:
-            text = INVALID
+            text = self._answer(INVALID)
         else:
             k = int(parsed.action.split()[1])
             target = self._task.target
             if k == target:
                 text, reward, won, self._done = FOUND, 1.0, True, True
             elif target < k:
-                text, self._hi = LEFT, min(self._hi, k - 1)
+                self._hi = min(self._hi, k - 1)
+                text = self._answer(LEFT)
             else:
-                text, self._lo = RIGHT, max(self._lo, k + 1)
+                self._lo = max(self._lo, k + 1)
+                text = self._answer(RIGHT)
         truncated = not self._done and self._steps >= self.max_steps
         self._done = self._done or truncated
         info = step_info(won=won, score=reward, valid_action=parsed.valid, steps=self._steps, truncated=truncated,
                          clue_right=self._task.clue_right)
         return StepResult(self._obs(text), reward, self._done, info)
+
+    def _answer(self, word: str) -> str:
+        return f"{word} {self._lo} to {self._hi}"
 
     def _obs(self, text: str) -> Observation:
         assert self._task is not None
