@@ -50,7 +50,7 @@ def word_tokenizer() -> Any:
 
 def tiny_word_causal_lm(seed: int = 0, *, hidden_size: int = 96, num_layers: int = 3, num_heads: int = 4,
                         intermediate_size: int | None = None, max_position_embeddings: int = 256,
-                        dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+                        initializer_range: float = 0.02, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """A random ``LlamaForCausalLM`` over :func:`word_tokenizer`'s vocabulary, and that tokenizer.
 
     Initialisation is deterministic in ``seed`` and leaves the global RNG alone.
@@ -63,7 +63,7 @@ def tiny_word_causal_lm(seed: int = 0, *, hidden_size: int = 96, num_layers: int
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, initializer_range=initializer_range,
         bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, use_cache=True,
     )
     with torch.random.fork_rng(devices=[]):
