@@ -50,7 +50,7 @@ def word_tokenizer() -> Any:
 
 def tiny_word_causal_lm(seed: int = 0, *, hidden_size: int = 96, num_layers: int = 3, num_heads: int = 4,
                         intermediate_size: int | None = None, max_position_embeddings: int = 256,
-                        initializer_range: float = 0.02, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+                        initializer_range: float = 0.1, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """A random ``LlamaForCausalLM`` over :func:`word_tokenizer`'s vocabulary, and that tokenizer.
 
     Initialisation is deterministic in ``seed`` and leaves the global RNG alone.
