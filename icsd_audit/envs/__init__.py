@@ -34,9 +34,13 @@ __all__ = [
     "make_env",
     "success_rule",
     "ENV_NAMES",
+    "PRIVILEGED_ENVS",
 ]
 
-ENV_NAMES = ("webshop", "alfworld", "searchqa")
+ENV_NAMES = ("webshop", "alfworld", "searchqa", "clue")
+#: Environments whose observations carry the teacher's privileged text themselves
+#: (``Observation.meta["privileged"]``): their teacher needs no SkillBank.
+PRIVILEGED_ENVS = ("clue",)
 
 
 def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
@@ -46,7 +50,8 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
     ``make_env("webshop", url="http://127.0.0.1:3000", split="eval")`` talks to a WebShop
     server; ``make_env("searchqa", split="eval")`` is Search-QA over the built-in KB (``url``:
     a Search-R1 retrieval server); ``make_env("alfworld", split="eval")`` plays ALFWorld
-    games on the real engine (the ``alfworld`` extra; ``data=PATH`` for the official games).
+    games on the real engine (the ``alfworld`` extra; ``data=PATH`` for the official games);
+    ``make_env("clue", split="eval", boxes=8, clue_accuracy=0.7)`` is the clue testbed.
     Keyword arguments go to the environment's constructor.
     """
     if name == "webshop":
@@ -70,6 +75,12 @@ def make_env(name: str, *, url: str | None = None, **kwargs: Any) -> TextEnv:
         from .alfworld.env import AlfWorldEnv
 
         return AlfWorldEnv(**kwargs)
+    if name == "clue":
+        if url:
+            raise ValueError("the clue environment runs in-process; it takes no url")
+        from .clue.env import ClueEnv
+
+        return ClueEnv(**kwargs)
     raise ValueError(f"unknown environment {name!r}; available: {', '.join(ENV_NAMES)}")
 
 

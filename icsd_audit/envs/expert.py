@@ -8,7 +8,8 @@ chain and gold answers), so it plays only the built-in environments:
 * ``webshop``: :mod:`.webshop.expert` (the goal path);
 * ``alfworld``: :mod:`.alfworld.expert` (ALFWorld's handcoded expert; the environment
   needs ``expert=True``);
-* ``searchqa``: :mod:`.searchqa.expert` (oracle searches, then the gold answer).
+* ``searchqa``: :mod:`.searchqa.expert` (oracle searches, then the gold answer);
+* ``clue``: :mod:`.clue.expert` (bisection on the feedback).
 
 The trainer's :class:`icsd_audit.train.rollout.policy.ExpertPolicy` plays them through the
 same prompts, parser, validity rule and rewards as a model.
@@ -23,7 +24,7 @@ __all__ = ["EXPERTS", "expert_reply"]
 
 #: Environment name -> the module whose ``expert_reply(env)`` plays it.
 EXPERTS = {"webshop": "icsd_audit.envs.webshop.expert", "alfworld": "icsd_audit.envs.alfworld.expert",
-           "searchqa": "icsd_audit.envs.searchqa.expert"}
+           "searchqa": "icsd_audit.envs.searchqa.expert", "clue": "icsd_audit.envs.clue.expert"}
 
 
 def expert_reply(env: Any) -> str:

@@ -138,8 +138,13 @@ class ForkedBlocks:
         """Read what the children have sent (waiting up to ``timeout`` s; None: until something comes)."""
         if not self.open:
             raise RuntimeError("a bootstrap worker process ended without sending a block it took (killed, or out of memory)")
-        readable, _, _ = select.select(sorted(self.open), [], [], timeout)
-        for fd in readable:
+        # poll, not select: select cannot watch a descriptor numbered 1024 or more, and a report over a long
+        # run's dumps holds over a thousand shard files open before the workers' pipes are made
+        poller = select.poll()
+        for fd in self.open:
+            poller.register(fd, select.POLLIN)
+        events = poller.poll(None if timeout is None else max(0, int(timeout * 1000)))
+        for fd in sorted({fd for fd, _ in events}):
             data = os.read(fd, 1 << 20)
             if not data:  # this child has no blocks left (or died: then a block stays missing, see above)
                 self.open.discard(fd)

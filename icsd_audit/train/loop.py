@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from icsd_audit.envs import PRIVILEGED_ENVS
 from icsd_audit.runs.recorder import record_run
 from icsd_audit.train.models.loading import resolve_device, resolve_precision, set_threads
 from icsd_audit.train.update.actor import Actor, StepData, make_distillation
@@ -219,7 +220,10 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     adv_options = ADV_OPTIONS[cfg.adv_estimator](cfg)
     distill = make_distillation(cfg)
     hybrid = make_hybrid(cfg)  # Skill-SD / RLSD (allocator 'none'): the teacher without an allocation
-    bank = load_skillbank(cfg.skillbank_name) if (cfg.teacher_enabled or cfg.student_skills != "off") else None
+    # an environment that gives its own privileged text (the clue) needs a bank only when one is named
+    wants_bank = cfg.env not in PRIVILEGED_ENVS or cfg.skillbank is not None
+    bank = (load_skillbank(cfg.skillbank_name)
+            if wants_bank and (cfg.teacher_enabled or cfg.student_skills != "off") else None)
 
     def make_builder(student_sees_skills: bool) -> PromptBuilder:
         skill = (skill_retriever(bank, skill_mode=cfg.skill_mode, skill_match=cfg.skill_match)

@@ -37,6 +37,8 @@ def env_factory(cfg: TrainConfig) -> EnvFactory:
         if cfg.env == "searchqa":
             kwargs.update(corpus=cfg.searchqa_corpus, data_files=cfg.searchqa_data, topk=cfg.retrieval_topk,
                           retriever_url=cfg.retriever_url, protocol=cfg.searchqa_protocol, expert=cfg.searchqa_expert)
+        if cfg.env == "clue":
+            kwargs.update(boxes=cfg.clue_boxes, clue_accuracy=cfg.clue_accuracy)
         if cfg.env == "alfworld":
             kwargs["data"] = cfg.alfworld_data
             kwargs["expert"] = cfg.policy == "expert"  # the engine carries the handcoded expert

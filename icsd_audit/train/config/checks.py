@@ -19,7 +19,7 @@ from icsd_audit.train.config.errors import NO_ALLOCATOR, ConfigError
 from icsd_audit.train.config.warmstarts import MODEL_ALIASES, resolve_init
 
 __all__ = ["config_problems", "training_problems", "type_problems", "hybrid_problems", "init_problems",
-           "searchqa_problems", "allocation_problems", "config_names", "REWARDS", "INVALID_RULE_NAMES",
+           "searchqa_problems", "clue_problems", "allocation_problems", "config_names", "REWARDS", "INVALID_RULE_NAMES",
            "PRECISIONS", "SEED_MAX", "ONE_SHOT_ENVS"]
 
 #: Reward shaping names (see ``TrainConfig.reward``).
@@ -169,10 +169,11 @@ def config_problems(cfg: Any, *, env_here: bool = True) -> list[str]:
     need(not cfg.one_shot or cfg.env in ONE_SHOT_ENVS,
          f"one_shot=True has no worked example for env {cfg.env!r}; set one_shot=False")
     if not (cfg.model in MODEL_ALIASES or Path(cfg.model).expanduser().is_dir()):
-        p.append(f"model={cfg.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
+        p.append(f"model={cfg.model!r} is neither 'embedded', 'tiny-random', 'tiny-word' nor a local folder; "
                  "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
     need(cfg.policy in ("model", "expert"), f"policy={cfg.policy!r}: choose 'model' or 'expert'")
     p.extend(searchqa_problems(cfg))
+    p.extend(clue_problems(cfg))
     try:
         from icsd_audit.runs.trackers import parse_report_to
 
@@ -277,3 +278,21 @@ def training_problems(cfg: Any) -> list[str]:
             "as verl-agent splits them) needs N, the number of goals the server loaded ('Loaded N goals.' in its "
             "start-up log); add --set server_num_goals=N"]
     return []
+
+
+def clue_problems(cfg: Any) -> list[str]:
+    """The clue testbed's settings and the tiny word model that only speaks its words."""
+    from icsd_audit.envs.clue.vocab import MAX_BOXES
+
+    p = []
+    if not 2 <= cfg.clue_boxes <= MAX_BOXES:
+        p.append(f"clue_boxes={cfg.clue_boxes} must lie in 2..{MAX_BOXES} (the word vocabulary's box numbers)")
+    if not (math.isfinite(cfg.clue_accuracy) and 0.0 <= cfg.clue_accuracy <= 1.0):
+        p.append(f"clue_accuracy={cfg.clue_accuracy} must lie in [0, 1]")
+    if cfg.model == "tiny-word" and cfg.env != "clue":
+        p.append(f"model='tiny-word' knows only the clue environment's words; use env='clue' or another model "
+                 f"(env={cfg.env!r})")
+    if cfg.env == "clue" and cfg.student_skills != "off" and cfg.skillbank is None:
+        p.append(f"student_skills={cfg.student_skills!r}: the clue environment's privileged text is the teacher's "
+                 "alone; set student_skills='off' or name a skillbank")
+    return p

@@ -91,7 +91,11 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ environment and prompts
     env: str = "webshop"
-    """Environment name (built-in: webshop, alfworld, searchqa; alfworld needs `pip install 'icsd-audit[alfworld]'`)."""
+    """Environment name (built-in: webshop, alfworld, searchqa, clue; alfworld needs `pip install 'icsd-audit[alfworld]'`)."""
+    clue_boxes: int = 8
+    """env='clue': number of boxes the key may be in (2..12)."""
+    clue_accuracy: float = 1.0
+    """env='clue': probability that a task's clue (what the privileged teacher sees) names the key's box; otherwise it names another box (fixed per task)."""
     env_url: str | None = None
     """URL of a real WebShop server; None uses the built-in offline WebShop."""
     alfworld_data: str | None = None

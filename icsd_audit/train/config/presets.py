@@ -106,11 +106,29 @@ def _cpu_demo_alfworld() -> TrainConfig:
     )
 
 
+def _cpu_demo_clue() -> TrainConfig:
+    """The clue testbed (docs/envs.md, "Clue"): the tiny word model from random init, GRPO with the teacher's
+    allocation, 200 updates of 16 tasks x 8 episodes (64-row optimizer steps: about six per update), greedy evaluation on 100
+    held-out tasks every 20 updates."""
+    return TrainConfig(
+        out_dir="runs/clue", env="clue", model="tiny-word", device="cpu", precision="float32", threads=None,
+        clue_boxes=8, clue_accuracy=1.0,
+        n_tasks=16, group_size=8, max_turns=4, history_window=1,
+        max_prompt_tokens=64, max_response_tokens=2, temperature=1.0, one_shot=False,
+        reward="score", invalid_penalty=0.1, adv_estimator="grpo",
+        rollout_batch_rows=64, mini_batch_rows=64, micro_batch_rows=64,
+        lr=1e-3, kl_coef=0.0, total_steps=200, dump_every=1, checkpoint_every=0, keep_checkpoints=1,
+        eval_every=20, eval_tasks=100, eval_temperature=0.0, sketch_k=0, recompute_activations=False,
+    )
+
+
 #: Preset name -> factory. ``<name>-<env>`` is the variant of preset ``name`` for ``env``
 #: (see :func:`preset_for`).
 PRESETS = {"paper": _paper, "cpu-demo": _cpu_demo, "cpu-study": _cpu_study,
            "paper-searchqa": _paper_searchqa, "cpu-demo-searchqa": _cpu_demo_searchqa,
-           "paper-alfworld": _paper_alfworld, "cpu-demo-alfworld": _cpu_demo_alfworld}
+           "paper-alfworld": _paper_alfworld, "cpu-demo-alfworld": _cpu_demo_alfworld, "cpu-demo-clue": _cpu_demo_clue,
+           # the paper has no clue column: --preset paper (icsd eval --policy expert's default) gets the testbed's one setting
+           "paper-clue": _cpu_demo_clue}
 
 
 def preset(name: str) -> TrainConfig:

@@ -10,7 +10,7 @@ from icsd_audit.train.config.errors import ConfigError
 
 __all__ = ["MODEL_ALIASES", "WARM_START_PREFIX", "warm_starts_dir", "shipped_warm_starts", "resolve_init", "same_base"]
 
-MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
+MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random", "tiny-word")
 _EMBEDDED_ALIASES = MODEL_ALIASES[:4]
 
 #: ``init`` may name a warm start shipped with icsd: ``warmstart:NAME`` is the adapter folder

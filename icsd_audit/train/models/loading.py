@@ -567,6 +567,11 @@ def load_policy(model: str, *, device: torch.device, seed: int = 0,
     if model == "tiny-random":
         m, tok = tiny_random_causal_lm(seed=seed)
         m = m.to(device)
+    elif model == "tiny-word":
+        from icsd_audit.train.models.tiny_word import tiny_word_causal_lm
+
+        m, tok = tiny_word_causal_lm(seed=seed)
+        m = m.to(device)
     else:
         lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)
         m, tok = lm.model, lm.tokenizer

@@ -306,7 +306,7 @@ def turn_context(obs: Observation, env: str, history: Sequence[HistoryEntry] = (
     """
     return TurnContext(task=obs.instruction, observation=obs.text, actions=obs.available_actions or None,
                        history=tuple(history), env=env, key=obs.meta.get("skill_key"),
-                       protocol=obs.meta.get("protocol"))
+                       protocol=obs.meta.get("protocol"), privileged=obs.meta.get("privileged"))
 
 
 @dataclass(frozen=True)

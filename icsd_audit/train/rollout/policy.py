@@ -149,6 +149,10 @@ def policy_tokenizer(model: str, *, seed: int = 0, trust_remote_code: bool = Fal
 
     if model == "tiny-random":
         return models._byte_level_tokenizer()
+    if model == "tiny-word":
+        from icsd_audit.train.models.tiny_word import word_tokenizer
+
+        return word_tokenizer()
     if model in ("embedded", "default", "smollm2", "smollm2-135m-instruct"):
         folder, _ = models.ensure_embedded_model()
         return models.load_tokenizer(folder)

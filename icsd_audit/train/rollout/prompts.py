@@ -145,6 +145,9 @@ class TurnContext:
     key: str | None = None
     #: The environment's reply protocol where it has several (Search-QA: "search-r1" or "verl-agent").
     protocol: str | None = None
+    #: Privileged text the environment itself gives for this episode (the clue env's clue): the teacher
+    #: shows it in place of a retrieved skill; the student never sees it.
+    privileged: str | None = None
 
     @property
     def step(self) -> int:
@@ -228,6 +231,10 @@ def _user_content(ctx: TurnContext, history_window: int) -> str:
         return SEARCH_R1_PREFIX.format(question=ctx.task)
     if ctx.env.lower() == "searchqa" and ctx.protocol == "verl-agent":
         return _verl_agent_search(ctx, history_window)
+    if ctx.env.lower() == "clue":  # only the tiny word model's vocabulary: no intro, no reply instructions
+        from icsd_audit.envs.clue.prompt import clue_prompt
+
+        return clue_prompt(ctx.task, ctx.observation, ctx.history, history_window)
     intro = ENV_INTROS.get(ctx.env.lower(), _GENERIC_INTRO)
     parts = [intro, f"Your task is to: {ctx.task}"]
     shown = render_history(ctx.history, history_window)

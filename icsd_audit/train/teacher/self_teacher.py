@@ -55,7 +55,7 @@ class SelfTeacher:
 
     enabled = True
 
-    def __init__(self, model: Any, builder: PromptBuilder, bank: SkillBank, *, skill_mode: str, micro_batch_rows: int,
+    def __init__(self, model: Any, builder: PromptBuilder, bank: SkillBank | None, *, skill_mode: str, micro_batch_rows: int,
                  pad_id: int, device: torch.device, temperature: float, precision: str, skill_match: str = "sdar"):
         self.model, self.builder, self.bank = model, builder, bank
         self.skill_mode = skill_mode
@@ -74,7 +74,13 @@ class SelfTeacher:
         return self._skills[(task_text, key)]
 
     def skill_for(self, row: TurnRow) -> str:
-        """The retrieved skill text z for one turn, by the configured rule (an exact ``ctx.key`` wins in both)."""
+        """The skill text z for one turn: the environment's own privileged text when it gives one (the clue env),
+        else the bank's by the configured rule (an exact ``ctx.key`` wins in both)."""
+        own = getattr(row.ctx, "privileged", None)
+        if own is not None:
+            return own
+        if self.bank is None:
+            raise ValueError(f"environment {row.ctx.env!r} gave no privileged text and the teacher has no SkillBank")
         key = getattr(row.ctx, "key", None)
         if self.skill_match == "sdar" and self.skill_mode == "match":
             return self.bank.retrieve_sdar(self.builder.student_text(row.ctx), key=key).text
