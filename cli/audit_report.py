@@ -14,7 +14,7 @@ from .apps import audit_app
 
 
 def _common(
-    paths: List[Path], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
+    paths: List[str], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
     seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int,
 ) -> Any:
     """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
@@ -29,7 +29,7 @@ def _common(
 @handle_errors
 @O.allocator_options()
 def figures(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (one file per figure and format)."),
     fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
     dpi: int = typer.Option(300, help="Resolution of PNG output, in dots per inch."),
@@ -61,7 +61,7 @@ def figures(
 @handle_errors
 @O.allocator_options()
 def report(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
     resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,

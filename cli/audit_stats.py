@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 import typer
@@ -94,7 +93,7 @@ def undefined_lines(payload: dict[str, Any]) -> list[str]:
     return [f"n/a for {by}={g.get('key')}: {g['undefined']}." for g in payload.get("groups", []) if g.get("undefined")]
 
 
-def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
+def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
     """``--by settings``: each group of files deployed alike, audited with its own settings."""
     from icsd_audit.audit.settings import settings_groups
     from icsd_audit.audit.run import run_audit_groups
@@ -113,7 +112,7 @@ def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: di
     _emit(statistic, payload, as_json)
 
 
-def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
+def _run(statistic: str, paths: List[str], as_json: bool, req: Any) -> None:
     from icsd_audit.audit.run import run_audit
 
     set_threads()
@@ -131,7 +130,7 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
     @handle_errors
     @O.allocator_options()
     def command(
-        paths: List[Path] = O.PATHS,
+        paths: List[str] = O.PATHS,
         base: Optional[str] = O.BASE,
         compare: Optional[str] = O.COMPARE,
         resamples: int = O.RESAMPLES,
@@ -174,7 +173,7 @@ _stat_command("clip", "Clipping exposure: tokens and mass where the clipped surr
 @handle_errors
 @O.allocator_options()
 def landscape(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,
     grid: int = O.GRID,

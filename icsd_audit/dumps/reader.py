@@ -26,13 +26,14 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icsd_audit.data_schemas import load_schema
+from icsd_audit.dumps.store import StoreError, StoreFile, committed, is_url, list_files, local_path
 from icsd_audit.parquet_io import CorruptRowGroup, open_file, read_row_group
 from icsd_audit.tokens import Tokens
 
@@ -78,23 +79,42 @@ def _unreadable(path: Path, what: str) -> DumpError:
     return DumpError(path, f"permission denied: cannot read this {what}")
 
 
-def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
+def resolve_paths(paths: Sequence[str | Path]) -> list[Path | StoreFile]:
     """Files as given, directories expanded to every ``*.parquet`` below them in sorted order.
 
-    Hidden scratch directories of icsd writers are skipped.  An unreadable file or
+    A string ``SCHEME://...`` other than ``file://`` names objects of a store (fsspec,
+    :mod:`icsd_audit.dumps.store`): an object, or every ``*.parquet`` below a prefix.
+    Hidden scratch directories of icsd writers are skipped, and so are the shards of a
+    step its writer never committed (no commit marker names them; one warning).  An unreadable file or
     directory, a broken ``*.parquet`` link, a directory link that loops back to a
     directory holding it, and a file reached twice (given twice, or through a link)
     are each an error naming the path (never silently skipped, never read twice).
     """
     if not paths:
         raise DumpError("<input>", "no input paths given")
-    out: list[Path] = []
+    out: list[Path | StoreFile] = []
+    remote: list[StoreFile] = []
+    uncommitted: list[str] = []
     for raw in paths:
-        p = Path(raw)
+        p = local_path(raw)
+        if p is None:
+            try:
+                listing = list_files(str(raw), scratch=_SCRATCH, staged=_STAGED_STEP)
+            except StoreError as exc:
+                raise DumpError(exc.url, exc.reason) from None
+            for x in listing.staged:
+                warnings.warn(f"{x}: uncommitted step (its writer stopped before committing it, or is writing it "
+                              "now): ignored", DumpWarning, stacklevel=2)
+            uncommitted.extend(listing.uncommitted)
+            if not listing.files:
+                raise DumpError(raw, "location holds no committed *.parquet files")
+            out.extend(listing.files)
+            remote.extend(listing.files)
+            continue
         if p.is_dir():
             if not os.access(p, os.R_OK | os.X_OK):
                 raise _unreadable(p, "directory")
-            found = _walk(p)
+            found = _walk(p, uncommitted)
             if not found:
                 raise DumpError(p, "directory holds no *.parquet files")
             out.extend(sorted(found))
@@ -104,8 +124,15 @@ def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
             raise _broken_link(p)
         else:
             raise DumpError(p, "no such file or directory")
+    _warn_uncommitted(uncommitted)
+    urls: dict[str, StoreFile] = {}
+    for f in remote:
+        if urls.setdefault(f.url, f) is not f:
+            raise DumpError(f, "given twice; its rows would count twice, so give each file once")
     seen: dict[tuple[int, int], Path] = {}
     for f in out:
+        if isinstance(f, StoreFile):
+            continue
         if not os.access(f, os.R_OK):
             raise _unreadable(f, "file")
         st = f.stat()
@@ -126,8 +153,38 @@ def _broken_link(p: Path) -> DumpError:
     return DumpError(p, f"broken symbolic link (its target {os.readlink(p)} does not exist)")
 
 
-def _walk(top: Path) -> list[Path]:
-    """Every ``*.parquet`` file below ``top``, following directory links but refusing loops."""
+def _warn_uncommitted(skipped: Sequence[str | Path]) -> None:
+    """One warning for every step shard that no commit marker names (dumps/store.py)."""
+    if not skipped:
+        return
+    folders = {str(s).replace(os.sep, "/").rsplit("/", 1)[0] for s in skipped}
+    more = f" ({len(skipped) - 1} more shard(s); {len(folders)} folder(s) in all)" if len(skipped) > 1 else ""
+    warnings.warn(f"{skipped[0]}: uncommitted step shard (no commit marker names it: its writer stopped before "
+                  f"committing the step, or is writing it now): ignored{more}", DumpWarning, stacklevel=3)
+
+
+def _local_marker(folder: str) -> Callable[[str], list[str]]:
+    def read(name: str) -> list[str]:
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "rb") as fh:
+                shards = json.load(fh)["shards"]
+        except OSError as exc:
+            raise DumpError(path, f"cannot read this commit marker ({_first_line(exc)})") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DumpError(path, f"not a valid commit marker ({_first_line(exc)})") from None
+        if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
+            raise DumpError(path, "not a valid commit marker (its 'shards' is not a list of names)")
+        return shards
+
+    return read
+
+
+def _walk(top: Path, uncommitted: list) -> list[Path]:
+    """Every ``*.parquet`` file below ``top``, following directory links but refusing loops.
+
+    The shards of an uncommitted step (a commit marker's, dumps/store.py) go to ``uncommitted``.
+    """
     found: list[Path] = []
 
     def fail(exc: OSError) -> None:
@@ -147,7 +204,9 @@ def _walk(top: Path) -> list[Path]:
                 if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
                     raise DumpError(link, f"symbolic link loop: it points to {os.readlink(link)}, a directory that "
                                           "holds the link; remove the link or give the directories separately")
-        for f in files:
+        taken, left = committed(sorted(files), _local_marker(d))
+        uncommitted.extend(Path(d) / f for f in left)
+        for f in taken:
             path = os.path.join(d, f)
             if not f.endswith(".parquet"):
                 continue
@@ -182,10 +241,18 @@ def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
     return meta
 
 
-def read_metadata(path: Path | str) -> dict:
+def _read_schema(path: Path | str | StoreFile) -> pa.Schema:
+    if isinstance(path, StoreFile):
+        return pq.read_schema(path.path, filesystem=path.fs)
+    if is_url(path) and local_path(path) is None:
+        return _read_schema(resolve_paths([path])[0])
+    return pq.read_schema(local_path(path))
+
+
+def read_metadata(path: Path | str | StoreFile) -> dict:
     """The checked ``icsd.dump`` JSON blob of one file ({} when absent)."""
     try:
-        kv = pq.read_schema(path).metadata
+        kv = _read_schema(path).metadata
     except (pa.ArrowException, OSError) as exc:
         raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
     return _parse_metadata(path, kv) or {}
@@ -221,7 +288,7 @@ def schema_names(paths: Sequence[str | Path]) -> set[str]:
     names: set[str] = set()
     for path in resolve_paths(paths):
         try:
-            names.update(pq.read_schema(path).names)
+            names.update(_read_schema(path).names)
         except (pa.ArrowException, OSError) as exc:
             raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
     return names
@@ -299,7 +366,7 @@ class DumpReader:
         opened = []
         for path in resolve_paths(paths):
             try:
-                pf = open_file(path)
+                pf = open_file(path.open() if isinstance(path, StoreFile) else path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({_first_line(exc)})") from None
             _check_types(path, pf.schema_arrow, require)
