@@ -40,6 +40,15 @@ def _check_by(by: Optional[str]) -> None:
         raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
 
 
+def _check_backend(backend: str, ray_address: Optional[str]) -> None:
+    from icsd_audit.audit.run import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if ray_address is not None and backend != "ray":
+        raise ValueError("--ray-address needs --backend ray")
+
+
 def _triples(d: Any, prefix: str = "", by: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every {estimate, ci_low, ci_high} leaf of a result dict, with its dotted path."""
     if isinstance(d, dict):
@@ -112,7 +121,7 @@ def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dic
     _emit(statistic, payload, as_json)
 
 
-def _run(statistic: str, paths: List[str], as_json: bool, req: Any) -> None:
+def _run(statistic: str, paths: List[str], as_json: bool, req: Any, **backend: Any) -> None:
     from icsd_audit.audit.run import run_audit
 
     set_threads()
@@ -120,9 +129,9 @@ def _run(statistic: str, paths: List[str], as_json: bool, req: Any) -> None:
     if not as_json and sys.stderr.isatty():
         with stderr_console().status("reading and allocating batches") as status:
             res = run_audit(paths, req, statistics=(statistic,),
-                            progress=lambda i, n: status.update(f"batch {i}/{n}"))
+                            progress=lambda i, n: status.update(f"batch {i}/{n}"), **backend)
     else:
-        res = run_audit(paths, req, statistics=(statistic,))
+        res = run_audit(paths, req, statistics=(statistic,), **backend)
     _emit(statistic, getattr(res, statistic).to_dict(), as_json)
 
 
@@ -142,16 +151,22 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         clip_eps: float = O.CLIP_EPS,
         dual_clip: float = O.DUAL_CLIP,
         as_json: bool = O.JSON,
+        backend: str = O.BACKEND,
+        ray_address: Optional[str] = O.RAY_ADDRESS,
         *, settings: dict[str, Any],
     ) -> None:
         _check_by(by)
+        _check_backend(backend, ray_address)
         flags = dict(allocator=compare, **settings, seed=seed)
         request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
         if by == BY_SETTINGS:
+            if backend != "local":
+                raise ValueError("--by settings runs on --backend local only")
             _run_by_settings(statistic, paths, as_json, flags, **request)
             return
-        _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request))
+        _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request),
+             backend=backend, ray_address=ray_address)
 
     command.__doc__ = f"{doc}\n\nExample: {example}"
     if statistic != "clip":  # --clip-eps and --dual-clip change clip's numbers only

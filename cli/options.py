@@ -115,3 +115,8 @@ PERMUTATIONS = typer.Option(20, "--permutations", help="Shuffles of the ICSD sco
 GRID = typer.Option(20, help="Landscape grid size, in bins per rank axis (20: a 20 x 20 grid of rank cells; at most "
                     "1000).", callback=AT_LEAST_1)
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
+BACKEND = typer.Option("local", "--backend", help="Where the per-batch work runs: local (threads here) or ray (one Ray "
+                                                  "task per batch; the ray extra). The same numbers either way.")
+RAY_ADDRESS = typer.Option(None, "--ray-address", show_default=False,
+                           help="Ray cluster for --backend ray (auto, HOST:PORT, ray://...; default: a local cluster "
+                                "with ICSD_THREADS CPUs).")

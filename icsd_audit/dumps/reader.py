@@ -483,33 +483,40 @@ class DumpReader:
         return table
 
     def __iter__(self) -> Iterator[TokenBatch]:
-        for b, gnos in self._batches.items():
-            parts, fidx, frow, grow = [], [], [], []
-            for gno in gnos:
-                grp = self._groups[gno]
-                table = self._load(gno)
-                ids = table.column("batch_id").to_numpy()
-                if ids[0] == b and ids[-1] == b and (ids == b).all():
-                    # the whole row group (the usual case): no copy, and no pyarrow.compute import
-                    sel = np.arange(table.num_rows)
-                    parts.append(table)
-                else:
-                    sel = np.flatnonzero(ids == b)
-                    parts.append(table.take(pa.array(sel)))
-                fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
-                frow.append(grp.file_offset + sel)
-                grow.append(grp.global_offset + sel)
-            table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-            batch = TokenBatch(
-                batch_id=b,
-                tokens=_tokens(table, self._extra),
-                table=table,
-                file_index=np.concatenate(fidx),
-                file_row=np.concatenate(frow),
-                global_row=np.concatenate(grow),
-            )
-            _check_duplicates(self.paths, batch)
-            yield batch
+        for b in self._batches:
+            yield self.batch(b)
+
+    def batch(self, b: int) -> TokenBatch:
+        """The validated batch ``b`` alone (reads only the row groups holding it)."""
+        if b not in self._batches:
+            raise KeyError(f"no batch {b} in these dumps")
+        gnos = self._batches[b]
+        parts, fidx, frow, grow = [], [], [], []
+        for gno in gnos:
+            grp = self._groups[gno]
+            table = self._load(gno)
+            ids = table.column("batch_id").to_numpy()
+            if ids[0] == b and ids[-1] == b and (ids == b).all():
+                # the whole row group (the usual case): no copy, and no pyarrow.compute import
+                sel = np.arange(table.num_rows)
+                parts.append(table)
+            else:
+                sel = np.flatnonzero(ids == b)
+                parts.append(table.take(pa.array(sel)))
+            fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
+            frow.append(grp.file_offset + sel)
+            grow.append(grp.global_offset + sel)
+        table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        batch = TokenBatch(
+            batch_id=b,
+            tokens=_tokens(table, self._extra),
+            table=table,
+            file_index=np.concatenate(fidx),
+            file_row=np.concatenate(frow),
+            global_row=np.concatenate(grow),
+        )
+        _check_duplicates(self.paths, batch)
+        return batch
 
 
 def _drop_superseded(opened: list) -> list:
