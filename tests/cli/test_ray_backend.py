@@ -1,0 +1,70 @@
+"""``icsd audit ... --backend ray`` prints the bytes of ``--backend local`` on a local Ray cluster of 1, 2 and 4 workers.
+
+Slow: each cluster takes ~20 s to start on the 2-core dev box. The merge itself is
+tested without Ray in tests/stats/test_batch_merge.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.helpers import cli
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STATS = ("tcm", "quadrants", "shift", "clip")
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "dumps"
+    res = cli("synth", str(out), "--tokens", "2000000", "--batches", "20", "--seed", "1")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def local(synth: Path) -> dict[tuple[str, str], str]:
+    """The local backend's stdout of every statistic on both inputs."""
+    out = {}
+    for name, path in (("demo", EXAMPLES / "cpu-demo" / "dumps"), ("synth", synth)):
+        for stat in STATS if name == "demo" else ("tcm",):
+            res = cli("audit", stat, str(path), "--json", "--resamples", "500", threads=2)
+            assert res.returncode == 0, res.stderr
+            out[name, stat] = res.stdout
+    return out
+
+
+@pytest.fixture(params=[1, 2, 4])
+def cluster(request: pytest.FixtureRequest) -> Iterator[int]:
+    ray.init(num_cpus=request.param, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        yield request.param
+    finally:
+        ray.shutdown()
+
+
+def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dict[tuple[str, str], str]) -> None:
+    assert int(ray.cluster_resources()["CPU"]) == cluster
+    for (name, stat), expected in local.items():
+        path = EXAMPLES / "cpu-demo" / "dumps" if name == "demo" else synth
+        res = cli("audit", stat, str(path), "--json", "--resamples", "500", "--backend", "ray", threads=2)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == expected, (name, stat, cluster)
+        json.loads(res.stdout)
+
+
+def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[tuple[str, str], str]) -> None:
+    assert not ray.is_initialized()
+    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), "--json", "--resamples", "500", "--backend", "ray",
+              threads=2)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == local["demo", "tcm"]
+    assert not ray.is_initialized()
