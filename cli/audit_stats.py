@@ -196,6 +196,8 @@ def landscape(
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
+    backend: str = O.BACKEND,
+    ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env), its
@@ -205,10 +207,11 @@ def landscape(
     """
     from icsd_audit.audit.run import run_landscape
 
+    _check_backend(backend, ray_address)
     set_threads()
     settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)
-    res = run_landscape(paths, req, grid=grid)
+    res = run_landscape(paths, req, grid=grid, backend=backend, ray_address=ray_address)
     base, compare = req.base.allocator, req.compare.allocator
     payload = res.to_dict()
     if as_json:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["RayUnavailable", "batch_part", "ray_parts"]
+__all__ = ["RayUnavailable", "batch_part", "landscape_part", "ray_parts"]
 
 _READERS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 
@@ -62,6 +62,21 @@ def batch_part(paths: Sequence[str], req: Any, statistics: tuple[str, ...], batc
     return acc
 
 
+def landscape_part(paths: Sequence[str], req: Any, ranks: Any, grid: int, batch_id: int) -> Any:
+    """One batch read, allocated and reduced to its own landscape accumulator on the driver's rank edges."""
+    from icsd_audit.alloc.options import required_columns, weighted_batches
+    from icsd_audit.audit.threads import one_intra_op_thread
+    from icsd_audit.stats.api import LandscapeAccumulator
+
+    reader = _reader(paths, ("env",), tuple(required_columns(req.base.allocator, req.compare.allocator)))
+    acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator, ranks=ranks)
+    with one_intra_op_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for batch, weights, _ in weighted_batches([reader.batch(batch_id)], req.base, req.compare):
+            acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
+    return acc
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -92,28 +107,35 @@ def _cluster(address: str | None, workers: int) -> Iterator[Any]:
         ray.shutdown()
 
 
-def ray_parts(paths: Sequence[Any], req: Any, statistics: tuple[str, ...], batch_ids: Sequence[int], *,
+def ray_parts(part: Callable[..., Any], paths: Sequence[Any], args: tuple, batch_ids: Sequence[int], *,
               address: str | None = None, workers: int = 1) -> Iterator[Any]:
-    """Every batch's part, computed by Ray tasks and yielded in ``batch_ids`` order.
+    """``part(paths, *args, b)`` of every batch ``b`` (:func:`batch_part`, :func:`landscape_part`), computed by Ray
+    tasks and yielded in ``batch_ids`` order.
 
     At most twice as many tasks as the cluster has CPUs are in flight, so the driver
     holds a bounded number of parts whatever order they finish in.
     """
     names = [str(p) for p in paths]
     with _cluster(address, workers) as ray:
-        task = ray.remote(num_cpus=1, max_retries=0)(batch_part)
+        task = ray.remote(num_cpus=1, max_retries=0)(_run_part)
+        shared = ray.put(args)  # sent to the object store once, not once per task
         window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
         pending: collections.deque = collections.deque()
         todo = iter(batch_ids)
         for b in todo:
-            pending.append(task.remote(names, req, statistics, int(b)))
+            pending.append(task.remote(part, names, shared, int(b)))
             if len(pending) >= window:
                 break
         while pending:
             yield _get(ray, pending.popleft())
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(task.remote(names, req, statistics, int(nxt)))
+                pending.append(task.remote(part, names, shared, int(nxt)))
+
+
+def _run_part(part: Callable[..., Any], paths: list[str], args: tuple, batch_id: int) -> Any:
+    """What a task runs (Ray resolves ``args``, an object reference, before the call)."""
+    return part(paths, *args, batch_id)
 
 
 def _get(ray: Any, ref: Any) -> Any:

@@ -97,10 +97,10 @@ def run_audit(
     acc = new_accumulator(req, statistics)
     n = len(reader.batch_ids)
     if backend == "ray":
-        from icsd_audit.audit.ray_backend import ray_parts
+        from icsd_audit.audit.ray_backend import batch_part, ray_parts
 
-        for i, part in enumerate(ray_parts(paths, req, acc.statistics, reader.batch_ids, address=ray_address,
-                                           workers=req.workers)):
+        for i, part in enumerate(ray_parts(batch_part, paths, (req, acc.statistics), reader.batch_ids,
+                                           address=ray_address, workers=req.workers)):
             acc.merge(part)
             if progress is not None:
                 progress(i + 1, n)
@@ -154,14 +154,19 @@ def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequ
 
 
 @single_threaded_maths
-def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20) -> LandscapeResult:
+def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20,
+                  backend: str = "local", ray_address: str | None = None) -> LandscapeResult:
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
 
     Two passes: the exact mid-rank edges from the values (:func:`landscape_ranks`),
     then the allocated batches reduced to grid sums and per-turn region sums as they
     stream, so memory stays a few floats per turn plus 4 bytes per token during the
     first pass.  ``req=None``: SDAR against the deployed allocator (:func:`deployed_request`).
+    ``backend="ray"``: the second pass's batches as Ray tasks, merged here in batch order
+    (the first pass runs here), the same bits as ``"local"``.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     check_grid(grid)
     if req is None:
         req = deployed_request(paths)
@@ -170,7 +175,14 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, 
     check_resources(reader, workers=req.workers, landscape=True)
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
                                ranks=landscape_ranks(reader, grid))
-    for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
-        acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import landscape_part, ray_parts
+
+        for part in ray_parts(landscape_part, paths, (req, acc.ranks, grid), reader.batch_ids, address=ray_address,
+                              workers=req.workers):
+            acc.merge(part)
+    else:
+        for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
+            acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
     return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
                         workers=req.workers)

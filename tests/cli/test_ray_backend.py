@@ -1,4 +1,5 @@
-"""``icsd audit ... --backend ray`` prints the bytes of ``--backend local`` on a local Ray cluster of 1, 2 and 4 workers.
+"""``icsd audit tcm|quadrants|shift|clip|landscape --backend ray`` prints the bytes of ``--backend local`` on a local
+Ray cluster of 1, 2 and 4 workers.
 
 Slow: each cluster takes ~20 s to start on the 2-core dev box. The merge itself is
 tested without Ray in tests/stats/test_batch_merge.py.
@@ -18,7 +19,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-STATS = ("tcm", "quadrants", "shift", "clip")
+STATS = ("tcm", "quadrants", "shift", "clip", "landscape")
 
 
 @pytest.fixture(scope="module")

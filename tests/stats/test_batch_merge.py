@@ -61,6 +61,33 @@ def test_cpu_demo_parts_merged_are_the_streaming_bits() -> None:
     assert _json(_merged(paths, req, [2, 0, 1])) == _json(run_audit(paths, req, statistics=STATS))
 
 
+@pytest.mark.parametrize("with_env", [False, True])
+def test_landscape_parts_merged_in_batch_order_are_the_streaming_bits(tmp_path: Path, with_env: bool) -> None:
+    from icsd_audit.audit.ray_backend import landscape_part
+    from icsd_audit.audit.run import landscape_ranks, run_landscape
+    from icsd_audit.dumps.reader import DumpReader
+    from icsd_audit.stats.api import LandscapeAccumulator
+
+    w = DumpWriter(tmp_path, producer="t", synthetic=True)
+    for b in range(5):
+        t = synth_tokens(2000, n_batches=1, seed=10 + b)
+        t["batch_id"][:] = b
+        if with_env:  # a batch's trajectories split over two environments
+            t["env"] = np.where(t["traj_id"] % 2 == 0, "webshop", "alfworld")
+        w.write(**t)
+    paths = [tmp_path]
+    req = dataclasses.replace(deployed_request(paths), n_resamples=200)
+    whole = json.dumps(run_landscape(paths, req, grid=6).to_dict(), sort_keys=True)
+    reader = DumpReader(paths, columns=["env"])
+    ranks = landscape_ranks(reader, 6)
+    parts = {b: landscape_part([str(tmp_path)], req, ranks, 6, b) for b in [3, 1, 4, 0, 2]}
+    acc = LandscapeAccumulator(grid=6, base_name=req.base.allocator, compare_name=req.compare.allocator, ranks=ranks)
+    for b in reader.batch_ids:
+        acc.merge(parts[b])
+    merged = acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed)
+    assert json.dumps(merged.to_dict(), sort_keys=True) == whole
+
+
 def test_merge_refuses_a_part_of_other_settings() -> None:
     a, b = AuditAccumulator(statistics=("tcm",)), AuditAccumulator(statistics=("tcm",), eps=1e-3)
     with pytest.raises(ValueError, match="other settings"):
