@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
@@ -85,6 +86,20 @@ def _ray() -> Any:
     return ray
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) with nothing listening is one line at once (Ray itself retries for
+    minutes); ``auto`` and other forms are left to Ray."""
+    import socket
+
+    m = re.fullmatch(r"(?:ray://)?(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<port>\d+)", address.strip())
+    if m is None:
+        return
+    try:
+        socket.create_connection((m.group("host").strip("[]"), int(m.group("port"))), timeout=timeout).close()
+    except OSError as exc:
+        raise RayUnavailable(f"--ray-address {address}: no Ray cluster answers there ({exc})") from None
+
+
 @contextlib.contextmanager
 def _cluster(address: str | None, workers: int) -> Iterator[Any]:
     ray = _ray()
@@ -94,9 +109,12 @@ def _cluster(address: str | None, workers: int) -> Iterator[Any]:
     opts: dict[str, Any] = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         if address:
+            _check_reachable(address)
             ray.init(address=address, **opts)
         else:  # a private cluster on this machine, bound to the loopback
             ray.init(num_cpus=max(1, int(workers)), _node_ip_address="127.0.0.1", **opts)
+    except RayUnavailable:
+        raise
     except Exception as exc:  # noqa: BLE001 - Ray raises many types (ConnectionError, RuntimeError, auth errors)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise RayUnavailable(f"--backend ray: cannot {'reach ' + address if address else 'start a local cluster'}"

@@ -1,7 +1,7 @@
 """``icsd audit tcm|quadrants|shift|clip|landscape --backend ray`` prints the bytes of ``--backend local`` on a local
 Ray cluster of 1, 2 and 4 workers.
 
-Slow: each cluster takes ~20 s to start on the 2-core dev box. The merge itself is
+The clusters are slow tests: each takes ~20 s to start on the 2-core dev box. The merge itself is
 tested without Ray in tests/stats/test_batch_merge.py.
 """
 
@@ -16,7 +16,6 @@ import pytest
 from tests.helpers import cli
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STATS = ("tcm", "quadrants", "shift", "clip", "landscape")
@@ -52,6 +51,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[int]:
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dict[tuple[str, str], str]) -> None:
     assert int(ray.cluster_resources()["CPU"]) == cluster
     for (name, stat), expected in local.items():
@@ -62,6 +62,7 @@ def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dic
         json.loads(res.stdout)
 
 
+@pytest.mark.slow
 def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[tuple[str, str], str]) -> None:
     assert not ray.is_initialized()
     res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), "--json", "--resamples", "500", "--backend", "ray",
@@ -69,3 +70,30 @@ def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[tuple[str, str
     assert res.returncode == 0, res.stderr
     assert res.stdout == local["demo", "tcm"]
     assert not ray.is_initialized()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_exit_2() -> None:
+    port = _free_port()  # nothing listens on it
+    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), "--json", "--backend", "ray", "--ray-address",
+              f"127.0.0.1:{port}")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        f"error: --ray-address 127.0.0.1:{port}: no Ray cluster answers there ([Errno 111] Connection refused)"]
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "spark"], "error: --backend must be one of local, ray, got 'spark'"),
+    (["--ray-address", "auto"], "error: --ray-address needs --backend ray"),
+])
+def test_bad_backend_options_are_one_line_exit_2(args: list[str], message: str) -> None:
+    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), *args)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [message]
