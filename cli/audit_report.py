@@ -65,7 +65,8 @@ def report(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
     resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
-    permutations: int = O.PERMUTATIONS, *, settings: dict[str, Any],
+    permutations: int = O.PERMUTATIONS, backend: str = O.BACKEND, ray_address: Optional[str] = O.RAY_ADDRESS,
+    *, settings: dict[str, Any],
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
     self-contained report.html (figures embedded, provenance from the dump
@@ -76,10 +77,14 @@ def report(
     from icsd_audit.report.build import audit_dumps, write_report
     from icsd_audit.report.results import report_owns
 
+    if backend not in ("local", "ray"):
+        raise ValueError(f"--backend must be one of local, ray, got {backend!r}")
+    if ray_address is not None and backend != "ray":
+        raise ValueError("--ray-address needs --backend ray")
     check_output_dir(out, paths, report_owns)
     set_threads()
     rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations),
-                      workers=thread_count())
+                      workers=thread_count(), backend=backend, ray_address=ray_address)
     write_report(rep, out)
     from icsd_audit.report.render import terminal_lines
 

@@ -24,7 +24,7 @@ import re
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["RayUnavailable", "batch_part", "landscape_part", "ray_parts"]
+__all__ = ["RayUnavailable", "batch_part", "landscape_part", "ray_parts", "worker_reader"]
 
 _READERS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 
@@ -33,7 +33,7 @@ class RayUnavailable(OSError):
     """``--backend ray`` without Ray installed, or a cluster that cannot be reached: one line."""
 
 
-def _reader(paths: Sequence[str], columns: tuple[str, ...], require: tuple[str, ...]) -> Any:
+def worker_reader(paths: Sequence[str], columns: tuple[str, ...], require: tuple[str, ...]) -> Any:
     """This worker process's reader of ``paths`` (footers read once per process, not once per batch)."""
     from icsd_audit.dumps.reader import DumpReader
 
@@ -53,7 +53,7 @@ def batch_part(paths: Sequence[str], req: Any, statistics: tuple[str, ...], batc
     from icsd_audit.audit.batches import add_batch, new_accumulator
     from icsd_audit.audit.threads import one_intra_op_thread
 
-    reader = _reader(paths, (req.by,) if req.by else (), tuple(required_columns(req.base.allocator,
+    reader = worker_reader(paths, (req.by,) if req.by else (), tuple(required_columns(req.base.allocator,
                                                                                  req.compare.allocator)))
     acc = new_accumulator(req, statistics)
     with one_intra_op_thread(), warnings.catch_warnings():
@@ -69,7 +69,7 @@ def landscape_part(paths: Sequence[str], req: Any, ranks: Any, grid: int, batch_
     from icsd_audit.audit.threads import one_intra_op_thread
     from icsd_audit.stats.api import LandscapeAccumulator
 
-    reader = _reader(paths, ("env",), tuple(required_columns(req.base.allocator, req.compare.allocator)))
+    reader = worker_reader(paths, ("env",), tuple(required_columns(req.base.allocator, req.compare.allocator)))
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator, ranks=ranks)
     with one_intra_op_thread(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
