@@ -62,6 +62,29 @@ def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dic
         json.loads(res.stdout)
 
 
+def _summary(out: Path) -> dict:
+    d = json.loads((out / "summary.json").read_text())
+    d["provenance"].pop("generated_at")
+    return d
+
+
+@pytest.fixture(scope="module")
+def local_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("report") / "local"
+    res = cli("audit", "report", str(EXAMPLES / "cpu-demo" / "dumps"), "--out", str(out), "--resamples", "300",
+              threads=2)
+    assert res.returncode == 0, res.stderr
+    return _summary(out)
+
+
+@pytest.mark.slow
+def test_ray_backend_gives_the_local_report_numbers(cluster: int, local_report: dict, tmp_path: Path) -> None:
+    res = cli("audit", "report", str(EXAMPLES / "cpu-demo" / "dumps"), "--out", str(tmp_path / "ray"), "--resamples",
+              "300", "--backend", "ray", threads=2)
+    assert res.returncode == 0, res.stderr
+    assert _summary(tmp_path / "ray") == local_report
+
+
 @pytest.mark.slow
 def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[tuple[str, str], str]) -> None:
     assert not ray.is_initialized()
