@@ -31,7 +31,7 @@ def _unreadable(path: Path, what: str) -> DumpError:
     return DumpError(path, f"permission denied: cannot read this {what}")
 
 
-def resolve_paths(paths: Sequence[str | Path]) -> list[Path | StoreFile]:
+def resolve_paths(paths: Sequence[str | Path | StoreFile]) -> list[Path | StoreFile]:
     """Files as given, directories expanded to every ``*.parquet`` below them in sorted order.
 
     A string ``SCHEME://...`` other than ``file://`` names objects of a store (fsspec,
@@ -48,6 +48,10 @@ def resolve_paths(paths: Sequence[str | Path]) -> list[Path | StoreFile]:
     remote: list[StoreFile] = []
     uncommitted: list[str] = []
     for raw in paths:
+        if isinstance(raw, StoreFile):  # resolved before (a caller passing resolve_paths' own output)
+            out.append(raw)
+            remote.append(raw)
+            continue
         p = local_path(raw)
         if p is None:
             try:

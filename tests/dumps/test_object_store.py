@@ -88,6 +88,24 @@ def test_tcm_of_dumps_on_s3_is_byte_identical_to_the_local_run(s3: object) -> No
     json.loads(b.stdout)  # pure JSON on stdout
 
 
+def test_verify_and_coeffs_read_a_bucket(s3: object, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/cpu-demo/dumps"
+    if not s3.exists(f"{BUCKET}/cpu-demo/dumps"):  # type: ignore[attr-defined]
+        s3.put(str(EXAMPLES / "cpu-demo" / "dumps"), f"{BUCKET}/cpu-demo/dumps", recursive=True)  # type: ignore[attr-defined]
+    local = EXAMPLES / "cpu-demo" / "dumps"
+    a, b = cli("audit", "verify", str(local), "--json"), cli("audit", "verify", url, "--json")
+    assert b.returncode == 0, b.stderr
+    assert url in b.stdout and b.stdout.replace(url, str(local)) == a.stdout  # the same, files named by URL
+    res = cli("audit", "coeffs", url, "--out", str(tmp_path / "c.parquet"))
+    assert res.returncode == 0, res.stderr
+    ref = cli("audit", "coeffs", str(local), "--out", str(tmp_path / "d.parquet"))
+    from icsd_audit.parquet_io import read_table
+
+    ta, tb = read_table(tmp_path / "c.parquet"), read_table(tmp_path / "d.parquet")
+    assert ref.returncode == 0 and ta.column_names == tb.column_names
+    assert ta.select(["g", "m", "c", "fallback"]).equals(tb.select(["g", "m", "c", "fallback"]))
+
+
 def test_a_missing_object_is_one_line_exit_2(s3: object) -> None:
     res = cli("audit", "tcm", f"s3://{BUCKET}/no/such/dumps", "--json")
     assert res.returncode == 2 and res.stdout == ""
