@@ -15,14 +15,15 @@ from .apps import audit_app
 
 def _common(
     paths: List[str], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
-    seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int,
+    seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int, strata_bins: int = 10,
 ) -> Any:
     """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
     from icsd_audit.report.results import ReportOptions
 
     s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, **settings, seed=seed)
     return ReportOptions.deployed(*s.pair(base, compare), seed=0 if seed is None else seed, n_resamples=resamples,
-                                  confidence_level=confidence, grid=grid, permutations=permutations)
+                                  confidence_level=confidence, grid=grid, permutations=permutations,
+                                  strata_bins=strata_bins)
 
 
 @audit_app.command("figures")
@@ -35,7 +36,11 @@ def figures(
     dpi: int = typer.Option(300, help="Resolution of PNG output, in dots per inch."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
     resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
-    permutations: int = O.PERMUTATIONS, *, settings: dict[str, Any],
+    permutations: int = O.PERMUTATIONS,
+    strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
+                                    help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
+                                         "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
+    *, settings: dict[str, Any],
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
     compatibility with a `grad` column; training dynamics with several steps).
@@ -50,7 +55,8 @@ def figures(
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
-    report = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations),
+    report = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations,
+                                        strata_bins),
                          workers=thread_count())
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
@@ -65,7 +71,11 @@ def report(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
     resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
-    permutations: int = O.PERMUTATIONS, backend: str = O.BACKEND, ray_address: Optional[str] = O.RAY_ADDRESS,
+    permutations: int = O.PERMUTATIONS,
+    strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
+                                    help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
+                                         "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
+    backend: str = O.BACKEND, ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
@@ -83,7 +93,8 @@ def report(
         raise ValueError("--ray-address needs --backend ray")
     check_output_dir(out, paths, report_owns)
     set_threads()
-    rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations),
+    rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations,
+                                     strata_bins),
                       workers=thread_count(), backend=backend, ray_address=ray_address)
     write_report(rep, out)
     from icsd_audit.report.render import terminal_lines

@@ -299,9 +299,6 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
         return
     if engine != "builtin" and cfg.hybrid != "none":
         raise ValueError(f"--hybrid {cfg.hybrid} runs on the builtin engine only; drop --engine {engine}")
-    if engine != "builtin" and (cfg.trust_eta, cfg.influence_eta) != (0.4, 0.5):
-        raise ValueError(f"trust_eta/influence_eta other than 0.4/0.5 are set on the builtin engine only; "
-                         f"drop --engine {engine} or the eta overrides")
     if engine == "trl":  # train() probes for the builtin engine
         from icsd_audit.train.loop import check_services
 

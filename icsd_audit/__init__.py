@@ -12,12 +12,12 @@ Where things live (each a subpackage):
 
 - ``alloc`` -- the allocators (SDAR trust, ICSD, ablations), calibration, segment maths;
 - ``dumps`` -- the Parquet dump schema, reader, writer, synthetic generator, coefficients;
-- ``stats`` -- TCM, quadrant shares, share shift, clipping, landscape, the bootstrap;
+- ``stats`` -- TCM, quadrant shares, share shift, clipping, landscape, token strata, the bootstrap;
 - ``grads`` -- gradient sketches and the gradient-cosine compatibility audit;
 - ``report`` -- the audit report, its renderers and the paper's figures;
 - ``train`` and ``envs`` -- the training loop, models, and the text environments.
 
-The core maths (``alloc``, ``stats`` but ``stats.run``, ``grads.compat``, ``tokens``)
+The core maths (``alloc``, ``stats`` but ``stats.run`` and ``stats.strata_run``, ``grads.compat``, ``tokens``)
 imports only torch, numpy and scipy; I/O, plotting, training and the CLI sit on top.
 Names below are imported on first use, so ``import icsd_audit`` stays cheap and pulls
 in no I/O or plotting package.
@@ -56,6 +56,11 @@ _EXPORTS: dict[str, str] = {
     "share_shift": "icsd_audit.stats.api",
     "clip_exposure": "icsd_audit.stats.api",
     "audit": "icsd_audit.stats.api",
+    "strata": "icsd_audit.stats.strata",
+    "StrataResult": "icsd_audit.stats.results",
+    "StrataBin": "icsd_audit.stats.results",
+    "StrataAccumulator": "icsd_audit.stats.strata",
+    "run_strata": "icsd_audit.audit.strata",
     "landscape": "icsd_audit.stats.landscape",
     "AuditAccumulator": "icsd_audit.stats.accumulator",
     "LandscapeAccumulator": "icsd_audit.stats.landscape",
@@ -95,4 +100,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from icsd_audit.stats.accumulator import AuditAccumulator
     from icsd_audit.stats.api import audit, clip_exposure, quadrant_shares, quadrants, share_shift, tcm
     from icsd_audit.stats.landscape import LandscapeAccumulator, landscape
+    from icsd_audit.stats.strata import StrataAccumulator, strata
+    from icsd_audit.stats.results import StrataBin, StrataResult
+    from icsd_audit.audit.strata import run_strata
     from icsd_audit.tokens import Tokens, Weights

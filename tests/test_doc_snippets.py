@@ -3,7 +3,8 @@
 Convention (docs/README: "Runnable examples"):
 
 * a block fenced as ```` ```python runnable ```` is run; the other ```` ```python ```` blocks
-  are illustrations (placeholders such as ``model=...``, a GPU, a server);
+  are illustrations (placeholders such as ``model=...``, a GPU, a server); ``requires=NAME``
+  after ``runnable`` (an optional extra such as ``trl``) skips the page where NAME does not import;
 * the runnable blocks of one page run in order in one namespace (a later block may use
   an earlier one's names), in a fresh interpreter whose working directory is a scratch
   folder holding a link to the repository's ``examples/`` (so ``examples/cpu-demo/dumps``
@@ -97,6 +98,11 @@ def test_matcher() -> None:
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.name)
 def test_runnable_blocks_run_and_print_what_is_shown(page: Path, tmp_path: Path) -> None:
     todo = blocks(page)
+    # ```python runnable requires=NAME```: the block needs an optional extra (trl, ...), skipped without it
+    for m in FENCE.finditer(page.read_text()):
+        for word in m.group(1).split()[2:]:
+            if m.group(1).split()[:2] == ["python", "runnable"] and word.startswith("requires="):
+                pytest.importorskip(word.split("=", 1)[1], reason=f"{page.name} needs {word.split('=', 1)[1]}")
     (tmp_path / "blocks.json").write_text(json.dumps(todo))
     (tmp_path / "runner.py").write_text(RUNNER)
     work = tmp_path / "work"

@@ -269,10 +269,7 @@ class CosineRows:
 
 def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int) -> np.ndarray:
     """(rows, n) coefficients of ``n`` seeded shuffles of the ICSD scores (seeds seed+1 ... seed+n)."""
-    return permuted_coefficients(
-        tokens, seeds=[seed + 1 + p for p in range(n)], trust=opts.trust, trust_beta=opts.trust_beta, eps=opts.eps,
-        min_group=opts.min_group, trust_eta=opts.trust_eta, influence_eta=opts.influence_eta,
-    ).numpy()
+    return permuted_coefficients(tokens, opts, seeds=[seed + 1 + p for p in range(n)]).numpy()
 
 
 @single_threaded_maths

@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icsd_audit.data_schemas import load_schema
-from icsd_audit.dumps.errors import DumpError, DumpWarning, first_line
+from icsd_audit.dumps.columns import (INT_COLS, OPTIONAL_FLOATS, REQUIRED, DumpError, DumpWarning,
+                                      check_duplicates, check_types, check_values, first_line, to_tokens)
 from icsd_audit.dumps.resolve import resolve_paths
 from icsd_audit.dumps.store import StoreFile, is_url, local_path
 from icsd_audit.parquet_io import CorruptRowGroup, open_file, read_row_group
@@ -42,16 +43,10 @@ __all__ = ["DumpError", "DumpWarning", "TokenBatch", "DumpReader", "read_dumps",
 
 _SCHEMA = load_schema(1)
 METADATA_KEY: str = _SCHEMA["metadata_key"]
-REQUIRED: tuple[str, ...] = tuple(_SCHEMA["required"])
-_INT_COLS = ("batch_id", "traj_id", "turn_id")
-_FLOAT_COLS = ("advantage", "ratio", "delta")
 _SCHEMA_NAME = "icsd.token_dump"
 _MAJOR = 1
 #: the rank in a DumpWriter shard name (``part-000003-r00001.parquet``)
 _RANK_TAG = re.compile(r".*-(?P<rank>r\d{5})\.parquet")
-#: optional float columns that become token columns whenever a file has them (SPEC 1)
-_OPTIONAL_FLOATS = ("score_norm",)
-_REQUIRED_BY = {"score_norm": "the 'fisher' allocator (SPEC 5: m = Phi_G(|A rho| score_norm))"}
 
 
 def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
@@ -131,27 +126,6 @@ def schema_names(paths: Sequence[str | Path]) -> set[str]:
     return names
 
 
-def _check_types(path: Path, schema: pa.Schema, require: Sequence[str] = ()) -> None:
-    names = set(schema.names)
-    for col in REQUIRED:
-        if col not in names:
-            raise DumpError(path, f"required column missing (have: {', '.join(schema.names) or 'none'})", column=col)
-    for col in require:
-        if col not in names:
-            raise DumpError(path, f"column missing; {_REQUIRED_BY.get(col, 'the requested computation')} needs it",
-                            column=col)
-    if "score_norm" in names and not pa.types.is_floating(schema.field("score_norm").type):
-        raise DumpError(path, f"expected float16/32/64, got {schema.field('score_norm').type}", column="score_norm")
-    for col in _INT_COLS + ("pos",):
-        if col in names and not pa.types.is_integer(schema.field(col).type):
-            raise DumpError(path, f"expected an integer type, got {schema.field(col).type}", column=col)
-    for col in _FLOAT_COLS:
-        if not pa.types.is_floating(schema.field(col).type):
-            raise DumpError(path, f"expected float16/32/64, got {schema.field(col).type}", column=col)
-    if "valid" in names and not pa.types.is_boolean(schema.field("valid").type):
-        raise DumpError(path, f"expected bool, got {schema.field('valid').type}", column="valid")
-
-
 @dataclass(frozen=True)
 class TokenBatch:
     """One batch's rows and where they came from.
@@ -202,7 +176,7 @@ class DumpReader:
                 pf = open_file(path.open() if isinstance(path, StoreFile) else path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({first_line(exc)})") from None
-            _check_types(path, pf.schema_arrow, require)
+            check_types(path, pf.schema_arrow, require)
             meta = _parse_metadata(path, pf.schema_arrow.metadata)
             groups, offset = [], 0
             for gi in range(pf.num_row_groups):
@@ -238,10 +212,10 @@ class DumpReader:
         if total == 0:
             raise DumpError(self.paths[0] if len(self.paths) == 1 else ", ".join(map(str, self.paths)), "input holds no rows")
         check_metadata(self.paths, self._metas)
-        self._check_integer_mix(None if columns is None else [*_INT_COLS, "pos", *columns])
+        self._check_integer_mix(None if columns is None else [*INT_COLS, "pos", *columns])
         self.n_rows = total
         self.schema = self._files[0].schema_arrow
-        self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *_OPTIONAL_FLOATS,
+        self._columns = None if columns is None else list(dict.fromkeys([*REQUIRED, "valid", "pos", *OPTIONAL_FLOATS,
                                                                          *columns]))
         # optional scalar columns that become token columns (None: read all, convert only pos)
         self._extra = () if columns is None else tuple(c for c in dict.fromkeys(columns) if c not in REQUIRED)
@@ -309,7 +283,7 @@ class DumpReader:
         pf, path = self._files[grp.file], self.paths[grp.file]
         cols = None if self._columns is None else [c for c in self._columns if c in pf.schema_arrow.names]
         table = _read_group(pf, path, grp.index, cols, grp.file_offset)
-        _check_values(path, table, grp.file_offset)
+        check_values(path, table, grp.file_offset)
         self._cache[gno] = table
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
@@ -342,13 +316,13 @@ class DumpReader:
         table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         batch = TokenBatch(
             batch_id=b,
-            tokens=_tokens(table, self._extra),
+            tokens=to_tokens(table, self._extra),
             table=table,
             file_index=np.concatenate(fidx),
             file_row=np.concatenate(frow),
             global_row=np.concatenate(grow),
         )
-        _check_duplicates(self.paths, batch)
+        check_duplicates(self.paths, batch)
         return batch
 
 
@@ -454,73 +428,3 @@ def prefetch(batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
             yield batch  # type: ignore[misc]
 
 
-def _tokens(table: pa.Table, extra: Sequence[str]) -> Tokens:
-    out: dict[str, np.ndarray] = {}
-    for col in _INT_COLS:
-        out[col] = table.column(col).to_numpy().astype(np.int64)
-    for col in _FLOAT_COLS:
-        out[col] = table.column(col).to_numpy().astype(np.float64)
-    if "valid" in table.column_names:
-        out["valid"] = table.column("valid").to_numpy(zero_copy_only=False).astype(bool, copy=False)
-    else:
-        out["valid"] = np.ones(table.num_rows, dtype=bool)
-    columns: dict[str, np.ndarray] = {}
-    if "pos" in table.column_names:
-        columns["pos"] = table.column("pos").to_numpy().astype(np.int64, copy=False)
-    for col in _OPTIONAL_FLOATS:
-        if col in table.column_names:
-            columns[col] = table.column(col).to_numpy().astype(np.float64)
-    for col in extra:
-        if col in table.column_names and col != "valid" and not pa.types.is_nested(table.schema.field(col).type):
-            columns[col] = table.column(col).to_numpy(zero_copy_only=False)
-    return Tokens.from_mapping(out, columns=columns)
-
-
-def _check_values(path: Path, table: pa.Table, file_offset: int) -> None:
-    for col in REQUIRED + tuple(c for c in ("valid", "pos") if c in table.column_names):
-        if table.column(col).null_count:
-            row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
-            raise DumpError(path, "null value", column=col, row=file_offset + row)
-    for col in _FLOAT_COLS + tuple(c for c in _OPTIONAL_FLOATS if c in table.column_names):
-        if col in _OPTIONAL_FLOATS and table.column(col).null_count:
-            row = int(np.flatnonzero(table.column(col).is_null().to_numpy(zero_copy_only=False))[0])
-            raise DumpError(path, "null value", column=col, row=file_offset + row)
-        values = table.column(col).to_numpy()
-        bad = ~np.isfinite(values)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise DumpError(path, f"{'NaN' if np.isnan(values[row]) else 'infinite'} value", column=col, row=file_offset + row)
-        if col == "ratio" and not (values > 0).all():
-            row = int(np.flatnonzero(~(values > 0))[0])
-            raise DumpError(path, f"ratio {values[row]:g} is not > 0 (a ratio of two probabilities of a sampled "
-                                  "token)", column=col, row=file_offset + row)
-        if col in _OPTIONAL_FLOATS and (values < 0).any():
-            row = int(np.flatnonzero(values < 0)[0])
-            raise DumpError(path, "negative value (a norm)", column=col, row=file_offset + row)
-
-
-def _check_duplicates(paths: list[Path], batch: TokenBatch) -> None:
-    t = batch.tokens
-    if "pos" not in t.columns or batch.n_rows < 2:
-        return
-    pos = t.columns["pos"]
-    keys = np.stack([t.traj_id, t.turn_id, pos])
-    step = np.sign(np.diff(keys, axis=1))
-    # Written dumps are sorted by (traj, turn, pos): then duplicates are neighbours
-    # and no sort is needed; otherwise sort lexicographically (ties by input row).
-    first_change = np.where(step[0] != 0, step[0], np.where(step[1] != 0, step[1], step[2]))
-    if (first_change >= 0).all():
-        order = np.arange(batch.n_rows)
-    else:
-        order = np.lexsort((batch.global_row, pos, t.turn_id, t.traj_id))
-        keys = keys[:, order]
-    dup = np.flatnonzero((keys[:, 1:] == keys[:, :-1]).all(axis=0))
-    if dup.size:
-        j = order[dup + 1]
-        first = j[np.argmin(batch.global_row[j])]
-        raise DumpError(
-            paths[int(batch.file_index[first])],
-            f"duplicate token row (batch {batch.batch_id}, traj {t.traj_id[first]}, turn {t.turn_id[first]}, pos {pos[first]})",
-            column="pos",
-            row=int(batch.file_row[first]),
-        )

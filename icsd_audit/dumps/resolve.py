@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from icsd_audit.dumps.errors import DumpError, DumpWarning, first_line
+from icsd_audit.dumps.columns import DumpError, DumpWarning, first_line
 from icsd_audit.dumps.store import StoreError, StoreFile, committed, list_files, local_path
 
 __all__ = ["resolve_paths"]

@@ -176,12 +176,14 @@ class DumpWriter:
     (a name or a mapping with ``engine``, ``engine_version`` and free keys) becomes the
     ``producer`` block, with ``rank`` and ``world_size``.  ``write(allocation=...)``
     replaces the block for one shard, for a producer whose settings change per call.
+    ``null_nan``: optional float columns whose NaN values are written as nulls (no value there).
     """
 
     def __init__(self, out_dir: str | Path, *, producer: Mapping[str, Any] | str, synthetic: bool = False,
                  allocation: Mapping[str, Any] | Any = None, allocator: Mapping[str, Any] | Any = None,
                  metadata: Mapping[str, Any] | None = None, prefix: str = "part", row_group_size: int = 1 << 17,
-                 float_dtype: Any = np.float32, rank: int | None = None, world_size: int | None = None):
+                 float_dtype: Any = np.float32, rank: int | None = None, world_size: int | None = None,
+                 null_nan: tuple[str, ...] = ()):
         if rank is not None and (isinstance(rank, bool) or int(rank) != rank or rank < 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         if allocation is not None and allocator is not None:
@@ -196,6 +198,7 @@ class DumpWriter:
         # one id per writer (one launch): a later session's shard of a batch replaces an earlier one (reader.py)
         self.metadata.setdefault("session", secrets.token_hex(8))
         self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
+        self.null_nan = frozenset(null_nan)
         self.rank = None if rank is None else int(rank)
         self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
         self._stage: Path | str | None = None
@@ -327,7 +330,8 @@ class DumpWriter:
         if name in _ARROW_TYPES:
             return pa.array(a, type=_ARROW_TYPES[name])
         if a.dtype.kind == "f":
-            return pa.array(a.astype(self.float_dtype))
+            # a NaN in a null_nan column means "no value here" (a teacher log-prob outside a top-k): null
+            return pa.array(a.astype(self.float_dtype), from_pandas=name in self.null_nan)
         return pa.array(a)
 
 

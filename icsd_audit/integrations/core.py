@@ -285,6 +285,12 @@ class AllocationSettings(AllocatorSettings):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 0):
             raise ValueError(f"distill_coef must be a finite number >= 0, got {c!r}")
 
+    @classmethod
+    def from_run(cls, cfg: Any, **extra: Any) -> "AllocationSettings":
+        """Every allocator setting of an ``icsd train`` run config (``TrainConfig.allocation``, the one list every
+        engine takes its settings from) and lambda as deployed; ``extra``: an engine's own fields."""
+        return cls(**cfg.allocation().to_dict(), distill_coef=cfg.effective_distill_coef, **extra)
+
     def allocator_settings(self) -> AllocatorSettings:
         """The allocator's eight settings alone (what the audit recomputes with)."""
         return AllocatorSettings(**{k: getattr(self, k) for k in SETTING_NAMES})

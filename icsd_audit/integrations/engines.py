@@ -55,9 +55,7 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
     if model_path is None:
         model_path = str(out / "model") if cfg.model in ("embedded", "tiny-random") else cfg.model
     loops = str(agent_loop_config) if agent_loop_config is not None else str(out / "agent_loops.yaml")
-    # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
-    # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
-    mini = max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
+    mini = _mini_batch_prompts(cfg)
     # the run's estimator: verl's grpo, or gigpo (registered by our plug-in, anchors from icsd_sync)
     if cfg.adv_estimator == "gigpo":
         adv = ["algorithm.adv_estimator=gigpo", f"algorithm.gamma={cfg.gamma}"]
@@ -101,12 +99,48 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
         f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
         f"trainer.experiment_name={out.name}",
-        f"+icsd.distill_coef={cfg.effective_distill_coef}", f"+icsd.allocator={cfg.allocator}",
-        f"+icsd.trust={cfg.trust}", f"+icsd.min_group={cfg.min_group}", f"+icsd.eps={cfg.alloc_eps}",
-        f"+icsd.seed={cfg.alloc_seed}", f"+icsd.skillbank={cfg.skillbank_name}",
+        # every allocator setting, from the one list (TrainConfig.allocation: AllocatorSettings' fields), and lambda
+        f"+icsd.distill_coef={cfg.effective_distill_coef}",
+        *(f"+icsd.{k}={cfg.allocator if k == 'allocator' else v}" for k, v in cfg.allocation().to_dict().items()),
+        f"+icsd.skillbank={cfg.skillbank_name}",
         f"+icsd.skill_mode={cfg.teacher_skill_mode}",  # skill_bank_mode='general': the general block only
         f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
     ]
+
+
+def _mini_batch_prompts(cfg: Any) -> int:
+    """verl's ``ppo_mini_batch_size`` of the run (in prompts)."""
+    # verl counts mini-batches in prompts and one v1 row is a whole trajectory; a mini-batch
+    # cannot exceed the step's prompts (one mini-batch per step: rho = 1, the allocation is exact)
+    return max(1, min(cfg.n_tasks, cfg.mini_batch_rows // max(1, cfg.group_size)))
+
+
+def check_verl_batches(cfg: Any, *, n_gpus: int, nnodes: int = 1) -> None:
+    """Refuse batch sizes verl cannot split over ``n_gpus * nnodes`` ranks, naming the options that fix them.
+
+    verl's ``validate_config`` needs a step's rows (``data.train_batch_size`` x
+    ``rollout.n``) divisible by the GPU count, and its actor splits each mini-batch's rows
+    (``ppo_mini_batch_size`` x ``rollout.n``) over the data-parallel ranks.
+    """
+    import math
+
+    world, group = n_gpus * nnodes, cfg.group_size
+    rows, mini = cfg.n_tasks * group, _mini_batch_prompts(cfg)
+    if rows % world == 0 and (mini * group) % world == 0:
+        return
+    # the smallest fix: more tasks per step until a step splits, then mini-batches of more prompts until they do
+    n_tasks = next(n for n in range(cfg.n_tasks, cfg.n_tasks * world + 1) if (n * group) % world == 0)
+    m = next(k for k in range(min(mini, n_tasks), n_tasks + 1) if (k * group) % world == 0)
+    fixes = [f"--set n_tasks={n_tasks} ({n_tasks * group} rows)"] if n_tasks != cfg.n_tasks else []
+    if m != _mini_batch_prompts(cfg.replace(n_tasks=n_tasks)):
+        fixes.append(f"--set mini_batch_rows={m * group} (mini-batches of {m} prompts)")
+    g = math.gcd(rows, mini * group)
+    gpus = [str(d // nnodes) for d in range(1, g + 1) if g % d == 0 and d % nnodes == 0]
+    what = (f"a step's {rows} rows (n_tasks {cfg.n_tasks} x group_size {group})" if rows % world else
+            f"a mini-batch's {mini * group} rows ({mini} prompt{'s' if mini > 1 else ''} x group_size {group})")
+    alts = ", ".join(gpus[:-1]) + (" or " if len(gpus) > 1 else "") + gpus[-1] if gpus else ""
+    raise EngineUnavailable(f"--gpus {n_gpus}: verl splits {what} evenly over {world} GPU(s); fix: "
+                            + " and ".join(fixes) + (f", or --gpus {alts}" if alts else ""))
 
 
 def _report_to(cfg: Any) -> tuple[str, ...]:
@@ -208,9 +242,11 @@ def run_verl(cfg: Any, *, dry_run: bool = False, n_gpus: int | None = None, over
         n, missing = _verl_requirements()
         if missing:
             raise EngineUnavailable(f"icsd train --engine verl {missing}")
+    gpus = n_gpus or max(n, 1)
+    check_verl_batches(cfg, n_gpus=gpus)
     check_run_folder(cfg.out_dir, resume=False, overwrite=overwrite)
     with open_run_folder(cfg.out_dir, resume=False, overwrite=overwrite):
-        path = prepare_verl(cfg, n_gpus=n_gpus or max(n, 1))
+        path = prepare_verl(cfg, n_gpus=gpus)
         if dry_run:
             return path
         from icsd_audit.runs.manifest import RunManifest
@@ -372,6 +408,9 @@ def run_trl(cfg: Any, *, max_steps: int | None = None, reporter: Any = None, adv
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("icsd train --engine trl needs TRL: pip install 'icsd-audit[trl]'")
+    if cfg.distill_enabled and cfg.alloc_scope != "mini-batch":  # the dumps would say mini-batch
+        raise EngineUnavailable(f"icsd train --engine trl allocates once per generation batch (one optimizer step), "
+                                f"not alloc_scope={cfg.alloc_scope!r}: drop it, or use --engine builtin or verl")
     if cfg.adv_estimator != "grpo":
         if adv_explicit:
             raise EngineUnavailable(f"icsd train --engine trl runs GRPO (one advantage per episode), not "
@@ -488,9 +527,7 @@ def _train_trl(cfg: Any, plan: Any, *, steps: int, reporter: Any, overwrite: boo
                   train_dataset=datasets.Dataset.from_list(rows), rollout_func=rollout, peft_config=peft_config,
                   callbacks=[manifest_callback(cfg, engine="trl", start_step=start)])  # run.json
     if cfg.distill_enabled:
-        icsd = ICSDConfig(distill_coef=cfg.effective_distill_coef, allocator=cfg.allocator, trust=cfg.trust,
-                          trust_beta=cfg.trust_beta, min_group=cfg.min_group, eps=cfg.alloc_eps, seed=cfg.alloc_seed,
-                          dump_dir=str(out / "dumps"))
+        icsd = ICSDConfig.from_run(cfg, dump_dir=str(out / "dumps"))
         trainer: Any = ICSDGRPOTrainer(**common, icsd=icsd, producer={"model": cfg.model, "env": cfg.env,
                                                                       "adv_estimator": "grpo", "seed": cfg.seed})
     else:  # allocator 'none': plain GRPO, no teacher and no dumps, as on the built-in loop

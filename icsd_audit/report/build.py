@@ -31,6 +31,7 @@ from icsd_audit.alloc.options import required_columns, weighted_batches
 from icsd_audit.audit.gradcos import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
+from icsd_audit.report.strata import STRATA_COLUMNS, ReportStrata
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 from icsd_audit.stats.budget import check_resources
 from icsd_audit.audit.threads import single_threaded_maths
@@ -40,6 +41,7 @@ __all__ = [
     "GradcosSummary",
     "AuditReport",
     "audit_dumps",
+    "missing_inputs",
     "make_figures",
     "write_figures",
     "write_report",
@@ -88,7 +90,8 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
 class _Stream:
     """What the report's stream reduces each batch into: the accumulators and the token count."""
 
-    def __init__(self, opts: ReportOptions, ranks: Any, *, per_step: bool, sketch_cols: Sequence[str]):
+    def __init__(self, opts: ReportOptions, ranks: Any, strata: ReportStrata, *, per_step: bool,
+                 sketch_cols: Sequence[str]):
         acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                       compare_name=opts.compare)
         self.pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
@@ -97,12 +100,14 @@ class _Stream:
         self.land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare, ranks=ranks)
         self.with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
         self.cos_rows = CosineRows(with_perm=self.with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
+        self.strata = strata
         self.n_tokens = self.n_batches = 0
 
-    def add(self, batch: TokenBatch, weights: Any, reader: DumpReader, opts: ReportOptions, names: set[str],
-            sketch_cols: Sequence[str]) -> None:
+    def add(self, batch: TokenBatch, weights: Any, u: np.ndarray, reader: DumpReader, opts: ReportOptions,
+            names: set[str], sketch_cols: Sequence[str]) -> None:
         tokens = batch.tokens
         self.pooled.add(tokens, weights)
+        self.strata.add(reader, batch, weights, u)
         if self.per_step is not None:
             self.per_step.add(tokens, weights, group=_column(batch, reader, "step"))
         self.land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
@@ -122,6 +127,7 @@ class _Stream:
         if self.per_step is not None:
             self.per_step.merge(part.per_step)
         self.land.merge(part.land)
+        self.strata.merge(part.strata)
         c, q = self.cos_rows, part.cos_rows
         c.ids += q.ids
         c.rows += q.rows
@@ -131,8 +137,8 @@ class _Stream:
         self.n_batches += part.n_batches
 
 
-def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, per_step: bool, sketch_cols: Sequence[str],
-                names: set[str], batch_id: int) -> _Stream:
+def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, strata: ReportStrata, per_step: bool,
+                sketch_cols: Sequence[str], strata_cols: Sequence[str], names: set[str], batch_id: int) -> _Stream:
     """One batch of the report's stream on its own (what a Ray task runs; merged in batch order)."""
     import warnings
 
@@ -141,11 +147,12 @@ def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, per_step:
 
     with one_intra_op_thread(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the driver has shown them
-        reader = worker_reader(paths, ("step", "env", *sketch_cols), tuple(required_columns(opts.base, opts.compare)))
-        out = _Stream(opts, ranks, per_step=per_step, sketch_cols=sketch_cols)
-        for batch, weights, _ in weighted_batches([reader.batch(batch_id)], opts.allocator(opts.base),
+        reader = worker_reader(paths, ("step", "env", *strata_cols, *sketch_cols),
+                               tuple(required_columns(opts.base, opts.compare)))
+        out = _Stream(opts, ranks, strata.fresh(), per_step=per_step, sketch_cols=sketch_cols)
+        for batch, weights, u in weighted_batches([reader.batch(batch_id)], opts.allocator(opts.base),
                                                   opts.allocator(opts.compare)):
-            out.add(batch, weights, reader, opts, names, sketch_cols)
+            out.add(batch, weights, u, reader, opts, names, sketch_cols)
     return out
 
 
@@ -182,26 +189,32 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     # optional columns are read where a file has them; absent ones are never loaded
     names = schema_names(paths)
     sketch_cols = sorted(n for n in names if n == "grad" or n.startswith("sketch."))
-    reader = DumpReader(paths, columns=["step", "env", *sketch_cols], require=required_columns(opts.base, opts.compare))
+    strata_cols = [c for c in STRATA_COLUMNS if c in names]
+    reader = DumpReader(paths, columns=["step", "env", *strata_cols, *sketch_cols],
+                        require=required_columns(opts.base, opts.compare))
     check_resources(reader, workers=workers, landscape=True, permutations=opts.permutations if sketch_cols else None,
                     n_resamples=opts.n_resamples)
     steps: set[Any] = set()  # two or more values iff the valid tokens span two or more steps
     ranks = landscape_ranks(reader, opts.grid, steps=steps if "step" in names else None)
+    strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare, bins=opts.strata_bins)
     _release_freed_memory()
-    stream = _Stream(opts, ranks, per_step=len(steps) >= 2, sketch_cols=sketch_cols)
+    stream = _Stream(opts, ranks, strata, per_step=len(steps) >= 2, sketch_cols=sketch_cols)
     if backend == "ray":
         from icsd_audit.audit.ray_backend import ray_parts
 
-        for part in ray_parts(report_part, paths, (opts, ranks, len(steps) >= 2, sketch_cols, names),
-                              reader.batch_ids, address=ray_address, workers=workers):
+        for part in ray_parts(report_part, paths, (opts, ranks, strata, len(steps) >= 2, sketch_cols, strata_cols,
+                                                   names), reader.batch_ids, address=ray_address, workers=workers):
             stream.merge(part)
     else:
-        for batch, weights, _ in weighted_batches(prefetch(reader), opts.allocator(opts.base),
+        for batch, weights, u in weighted_batches(prefetch(reader), opts.allocator(opts.base),
                                                   opts.allocator(opts.compare), workers=workers):
-            stream.add(batch, weights, reader, opts, names, sketch_cols)
+            stream.add(batch, weights, u, reader, opts, names, sketch_cols)
     pooled, per_step, land, cos_rows = stream.pooled, stream.per_step, stream.land, stream.cos_rows
     with_perm, n_tokens, n_batches = stream.with_perm, stream.n_tokens, stream.n_batches
     omitted = _omitted(sketch_cols, cos_rows, "step" in names, steps)
+    if strata.reason is not None:
+        omitted["strata"] = strata.reason
+    omitted.update(missing_inputs(reader.metadata()))
     _release_freed_memory()  # the stream's freed batch temporaries, before the per-turn matrices are built
     # one bootstrap for all: the same intervals as each statistic's own command
     parts = [pooled.families()]
@@ -211,10 +224,12 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     grids = land.grids()
     parts.append(land.families())
     fams = [f for part in parts for _, f in part]
+    n_land = len(fams)  # the landscape's family last before the strata's: its replicates are kept
+    fams += strata.families()  # (their replicates give the intensities' intervals)
     _release_freed_memory()
     raws = bootstrap_ratio_families(fams, n_resamples=opts.n_resamples, confidence_level=opts.confidence_level,
                                     rng=opts.seed, workers=workers,
-                                    keep_replicates=[i == len(fams) - 1 for i in range(len(fams))])
+                                    keep_replicates=[i >= n_land - 1 for i in range(len(fams))])
     stats = pooled.results(raws[: len(parts[0])])
     dynamics = per_step.results(raws[len(parts[0]) : len(parts[0]) + len(parts[1])]).tcm if dyn else None
     if dynamics is not None and all(r.undefined for r in dynamics.results):  # no curve to draw: say why instead
@@ -223,7 +238,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         dynamics = None
     return AuditReport(
         stats=stats,
-        landscape=land.result(grids, raws[-1]),
+        landscape=land.result(grids, raws[n_land - 1]),
         dynamics=dynamics,
         gradcos=cos_rows.summarize(base_name=opts.base, compare_name=opts.compare,
                                    n_permutations=opts.permutations if with_perm else 0, n_resamples=opts.n_resamples,
@@ -232,6 +247,7 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         provenance=provenance(reader, opts, n_tokens, n_batches),
         options=opts,
         omitted=omitted,
+        strata=strata.results(raws[n_land:]),
     )
 
 
@@ -253,6 +269,29 @@ def _release_freed_memory() -> None:
         trim = None
     if trim is not None:
         trim(0)
+
+
+#: report sections that need the teacher (delta) / the advantage, and so are n/a on a recording without one
+TEACHER_SECTIONS = ("summary", "quadrants", "landscape", "shift", "clip", "dynamics")
+ADVANTAGE_SECTIONS = ("summary", "quadrants", "shift", "clip", "dynamics")
+
+
+def missing_inputs(metas: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Section -> reason, for dumps whose producer recorded a stand-in for a missing input.
+
+    A recorded trainer without a teacher (``producer.no_teacher``: delta 0 throughout) supports no
+    distillation statistic; one without advantages (``producer.no_advantage``: advantage 0) supports
+    none that splits by the advantage's sign (trusted-conflict mass, sign regions, share shift,
+    clipping exposure), while the landscape's teacher axis stays.  The producer's sentence is the reason.
+    """
+    out: dict[str, str] = {}
+    for key, sections in (("no_teacher", TEACHER_SECTIONS), ("no_advantage", ADVANTAGE_SECTIONS)):
+        why = next((m["producer"][key] for m in metas if isinstance(m.get("producer"), Mapping)
+                    and m["producer"].get(key)), None)
+        if why is not None:
+            for s in sections:
+                out.setdefault(s, str(why))
+    return out
 
 
 def _omitted(sketch_cols: Sequence[str], cos_rows: CosineRows, has_step: bool, steps: set[Any]) -> dict[str, str]:
@@ -290,7 +329,9 @@ def make_figures(report: AuditReport, *, include_neutral: bool = True) -> dict[s
         out["alignment"] = F.alignment_figure(report.gradcos)
     if report.dynamics is not None:
         out["dynamics"] = F.dynamics_figure(report.dynamics, show_diff=True)
-    return out
+    if report.strata:
+        out["strata"] = F.strata_figure(report.strata[0])
+    return {k: v for k, v in out.items() if k not in report.omitted}  # a section said n/a shows no figure
 
 
 def _render_all(figs: Mapping[str, Any], formats: Sequence[str], dpi: int | None) -> dict[str, bytes]:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
+from icsd_audit.report.strata_tables import forking_line, strata_tables
 
 __all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "md_text",
            "html_table", "page_css", "terminal_lines"]
@@ -36,12 +37,19 @@ CAPTIONS: dict[str, str] = {
     "alignment": "Cosine between the RL gradient and the distillation direction per batch, base \u2192 compare and "
                  "base \u2192 permuted compare multipliers; diamonds are means with batch-bootstrap intervals; the "
                  "bottom panel gives the gain, the permutation gain and the pairing-specific gain.",
+    "strata": "Token strata (SPEC 11): per quantile bin of the covariate, left each allocation's share of all mass "
+              "(grey ticks: the bin's share of tokens), right the bin's trusted-conflict mass; whiskers are "
+              "action-turn bootstrap intervals with the edges fixed.",
     "dynamics": "Trusted-conflict mass (share of trusted mass on negative-advantage tokens) per training step: pale "
                 "lines per step, dark lines centred five-step means; below, the paired difference with its "
                 "per-step bootstrap band.",
 }
 _TITLES = {"quadrants": "Sign regions", "landscape": "Allocation landscape", "shift": "Conditional share shift",
-           "alignment": "Gradient compatibility", "dynamics": "Training dynamics"}
+           "alignment": "Gradient compatibility", "dynamics": "Training dynamics", "strata": "Token strata"}
+
+
+def _title(section: str) -> str:
+    return _TITLES.get(section, "Summary" if section == "summary" else "Clipping exposure")
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,7 @@ def report_tables(report: AuditReport) -> list[Table]:
                           f"{cn} |\u0394| mass"), rows,
                          f"Dual-clip cap ({c.dual_clip:g}) binds on {c.dual_clip_cap_count:,} tokens; "
                          f"ratio mean {c.ratio_mean:.4f}, sd {c.ratio_std:.4f}."))
+    out += [Table(*t) for t in strata_tables(report)]
     g = report.gradcos
     if g is not None:
         rows = [(f"mean cos, {bn}", _ci(g.mean_base, 3, 1.0)), (f"mean cos, {cn}", _ci(g.mean_compare, 3, 1.0)),
@@ -222,6 +231,8 @@ def _headline(report: AuditReport) -> str:
     t, o = report.stats.tcm, report.options
     if t is None:
         return ""
+    if "summary" in report.omitted:  # the recorded trainer lacks an input the statistic needs
+        return f"Trusted-conflict mass is n/a: {report.omitted['summary']}."
     if t.undefined:
         return f"Trusted-conflict mass is n/a: {t.undefined}."
     return (f"Trusted-conflict mass: {display_name(o.base)} {_pct(t.base.estimate, 1)} %, "
@@ -264,13 +275,14 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
         parts += [f"> **Synthetic or unlabelled data** ({_synthetic_words(report)}): "
                   "these numbers describe the generator, not a training run.", ""]
     parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
-    for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
+    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
-        if not sec_tables and section not in figures:
-            if section in report.omitted:
-                parts += [f"## {_TITLES[section]}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
+        if section in report.omitted:
+            parts += [f"## {_title(section)}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
             continue
-        parts += [f"## {_TITLES.get(section, 'Summary' if section == 'summary' else 'Clipping exposure')}", ""]
+        if not sec_tables and section not in figures:
+            continue
+        parts += [f"## {_title(section)}", ""]
         if section in figures:
             parts += [f"![{section}](figures/{section}.png)", "", f"*{CAPTIONS[section]}*", ""]
         for t in sec_tables:
@@ -334,14 +346,15 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
                     f"({e(_synthetic_words(report))}): these numbers describe the generator, not a training run.</p>")
     body += ["<h2>Provenance</h2>", _html_table("Data and settings", ("field", "value"), _provenance_rows(report),
                                                             numeric=False)]
-    for section in ("summary", "quadrants", "landscape", "shift", "clip", "alignment", "dynamics"):
+    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
         sec_tables = [t for t in tables if t.section == section]
-        if not sec_tables and section not in figures:
-            if section in report.omitted:
-                body += [f"<h2 id=\"{section}\">{e(_TITLES[section])}</h2>",
-                         f"<p class=\"note\">Not shown: {e(report.omitted[section])}.</p>"]
+        if section in report.omitted:
+            body += [f"<h2 id=\"{section}\">{e(_title(section))}</h2>",
+                     f"<p class=\"note\">Not shown: {e(report.omitted[section])}.</p>"]
             continue
-        title = _TITLES.get(section, "Summary" if section == "summary" else "Clipping exposure")
+        if not sec_tables and section not in figures:
+            continue
+        title = _title(section)
         body.append(f"<h2 id=\"{section}\">{e(title)}</h2>")
         if section in figures:
             data = base64.b64encode(figures[section]).decode("ascii")
@@ -374,6 +387,8 @@ def terminal_lines(report: AuditReport, out: Any) -> list[str]:
     if g is not None:
         lines.append(f"  cosine with the RL gradient: {bn} {_ci(g.mean_base, 3, 1.0)} -> {cn} {_ci(g.mean_compare, 3, 1.0)}, "
                      f"gain {_signed(g.gain, 3, 1.0)} over {len(g.batch_ids)} batches ({level})")
+    if len(report.strata) > 1:
+        lines.append("  " + forking_line(report.strata[1]))
     if report.omitted:
         lines.append(f"  not shown (why: summary.md): {', '.join(report.omitted)}")
     return lines

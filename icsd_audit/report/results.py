@@ -14,12 +14,13 @@ from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.alloc.options import AllocatorOptions
 from icsd_audit.audit.gradcos import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
+from icsd_audit.stats.results import StrataResult
 
 __all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
            "report_owns", "figures_own"]
 
 #: figure file stems, in the order the report shows them
-FIGURE_NAMES = ("quadrants", "landscape", "shift", "alignment", "dynamics")
+FIGURE_NAMES = ("quadrants", "landscape", "shift", "strata", "alignment", "dynamics")
 FIGURE_FORMATS = ("png", "pdf", "svg")
 REPORT_FILES = ("summary.json", "summary.md", "report.html")
 REPORT_SCHEMA = {"schema": "icsd.audit_report", "version": 1}
@@ -72,6 +73,8 @@ class ReportOptions:
     dual_clip: float = 3.0
     permutations: int = 20
     jackknife_blocks: int = 8
+    #: quantile bins of the token-strata section (SPEC 11; its top-20 % split comes with it); 0 omits the section
+    strata_bins: int = 10
 
     def __post_init__(self) -> None:
         # fail before streaming gigabytes, not at the bootstrap after it; the allocator settings are checked by
@@ -90,6 +93,8 @@ class ReportOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.permutations < 0:
             raise ValueError(f"permutations must be >= 0, got {self.permutations}")
+        if isinstance(self.strata_bins, bool) or not isinstance(self.strata_bins, int) or self.strata_bins < 0:
+            raise ValueError(f"strata_bins must be an integer >= 0, got {self.strata_bins!r}")
         from icsd_audit.stats.budget import LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid
 
         check_grid(self.grid)
@@ -119,8 +124,10 @@ class AuditReport:
     """Everything the report shows: result objects of the statistics plus provenance.
 
     ``omitted`` maps each section the data cannot support (``alignment``,
-    ``dynamics``) to the reason, which the report prints in the
+    ``dynamics``, ``strata``) to the reason, which the report prints in the
     section's place: a report is never refused for want of one section.
+    ``strata``: the token strata by entropy (else log-prob), K = 10 bins then the top 20 %
+    (the forking tokens), empty when omitted.
     """
 
     stats: AuditResults
@@ -130,6 +137,7 @@ class AuditReport:
     provenance: Mapping[str, Any]
     options: ReportOptions = field(default_factory=ReportOptions)
     omitted: Mapping[str, str] = field(default_factory=dict)
+    strata: tuple[StrataResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,5 +148,6 @@ class AuditReport:
             "landscape": self.landscape.to_dict(),
             "dynamics": None if self.dynamics is None else self.dynamics.to_dict(),
             "gradcos": None if self.gradcos is None else self.gradcos.to_dict(),
+            "strata": [r.to_dict() for r in self.strata],
             "omitted": dict(self.omitted),
         }

@@ -9,10 +9,10 @@ and the landscape, with action-turn bootstrap intervals.
   engine (:mod:`~icsd_audit.stats.blas` pins BLAS threads);
 - :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
 - :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
-- :mod:`~icsd_audit.audit.run` -- streaming dumps through the allocator into the accumulators
-  (the I/O side: the only module here that reads files).
+- :mod:`~icsd_audit.stats.strata` -- token strata by a per-token covariate (SPEC 11), results
+  in :mod:`~icsd_audit.stats.results`.
 
-Everything but ``run`` imports only numpy (and scipy).
+Everything here imports only numpy (and scipy); reading dumps is the audit layer's (:mod:`icsd_audit.audit`).
 """
 
 from icsd_audit.stats.api import *  # noqa: F401,F403

@@ -69,18 +69,26 @@ def _summary(out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def local_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("small") / "dumps"
+    res = cli("synth", str(out), "--tokens", "60000", "--batches", "6", "--seed", "2")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_report(tmp_path_factory: pytest.TempPathFactory, small: Path) -> dict:
     out = tmp_path_factory.mktemp("report") / "local"
-    res = cli("audit", "report", str(EXAMPLES / "cpu-demo" / "dumps"), "--out", str(out), "--resamples", "300",
-              threads=2)
+    res = cli("audit", "report", str(small), "--out", str(out), "--resamples", "300", threads=2)
     assert res.returncode == 0, res.stderr
     return _summary(out)
 
 
 @pytest.mark.slow
-def test_ray_backend_gives_the_local_report_numbers(cluster: int, local_report: dict, tmp_path: Path) -> None:
-    res = cli("audit", "report", str(EXAMPLES / "cpu-demo" / "dumps"), "--out", str(tmp_path / "ray"), "--resamples",
-              "300", "--backend", "ray", threads=2)
+def test_ray_backend_gives_the_local_report_numbers(cluster: int, small: Path, local_report: dict,
+                                                    tmp_path: Path) -> None:
+    res = cli("audit", "report", str(small), "--out", str(tmp_path / "ray"), "--resamples", "300", "--backend", "ray",
+              threads=2)
     assert res.returncode == 0, res.stderr
     assert _summary(tmp_path / "ray") == local_report
 

@@ -75,7 +75,7 @@ def _dataproto(seed: int, n_traj: int = 8, dup: tuple[int, ...] = ()):
     return SimpleNamespace(batch=td, non_tensor_batch=nt), B
 
 
-def _flat_reference(dp, rows):
+def _flat_reference(dp, rows, **settings):
     """allocate() over the valid tokens of the given rows, listed by (traj id, turn, pos) in a slow loop."""
     td, nt = dp.batch, dp.non_tensor_batch
     toks = []
@@ -90,7 +90,8 @@ def _flat_reference(dp, rows):
     delta = torch.tensor([float(td["teacher_log_probs"][b, t] - td["old_log_probs"][b, t]) for *_, b, t in toks],
                          dtype=torch.float32).double()
     out = allocate(advantage=f("advantages"), ratio=torch.ones(len(toks), dtype=torch.float64), delta=delta,
-                   traj_id=torch.tensor([k[0] for k in toks]), turn_id=torch.tensor([k[1] for k in toks]), min_group=3)
+                   traj_id=torch.tensor([k[0] for k in toks]), turn_id=torch.tensor([k[1] for k in toks]),
+                   **{"min_group": 3, **settings})
     return {(b, t): float(out.c[i]) for i, (*_, b, t) in enumerate(toks)}
 
 
@@ -339,3 +340,18 @@ def test_teacher_pass_scores_the_privileged_rows_with_the_actor(tmp_path):
         want = lp[-n - 1:-1].gather(-1, torch.tensor(resp[i])[:, None])[:, 0]
         assert torch.allclose(got[i, :n], want, atol=1e-5)
     assert set(batch.batch.keys()) == {"prompts", "responses", "attention_mask", "teacher_log_probs"}
+
+
+def test_allocate_dataproto_takes_every_allocator_setting(tmp_path):
+    """trust_eta and influence_eta reach the allocation and the dumps' allocator block as the other settings do."""
+    from icsd_audit.dumps.reader import read_metadata
+
+    settings = dict(trust="laplace", trust_eta=0.3, influence_eta=0.6, min_group=3, eps=1e-3)
+    dp, n = _dataproto(1)
+    res = allocate_dataproto(dp, writer=dump_writer(tmp_path / "d"), **settings)
+    ref, default = _flat_reference(dp, range(n), **settings), _flat_reference(dp, range(n), min_group=3, eps=1e-3)
+    for (b, t), v in ref.items():
+        assert float(dp.batch[C_KEY][b, t]) == np.float32(v)
+    assert any(abs(ref[k] - default[k]) > 1e-6 for k in ref)  # the etas change c: the test can fail
+    block = read_metadata(res.shards[0])["allocator"]
+    assert {k: block[k] for k in settings} == settings

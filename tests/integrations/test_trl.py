@@ -313,3 +313,36 @@ def test_a_nan_input_stops_the_allocation_before_any_dump(tmp_path, monkeypatch,
     with pytest.raises(BatchInputError, match=rf"^{name} is nan at row 3, response token 0: values on valid tokens"):
         tr._generate_and_score_completions([tr.train_dataset[i] for i in range(8)])
     assert not list((tmp_path / "dumps").glob("*.parquet"))
+
+
+def test_a_dataset_without_teacher_prompt_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """No teacher_prompt function and no 'teacher_prompt' column: one line naming the column and the dataset at
+    construction (it was KeyError: 'teacher_prompt' at the first step); with the column it builds."""
+    model, tok = tiny_random_causal_lm(seed=0)
+    ds = datasets.Dataset.from_dict({"prompt": ["search for a red mug", "buy blue shoes"] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, max_steps=1, use_cpu=True, bf16=False, report_to=[],
+                      save_strategy="no", seed=0, dataloader_num_workers=0)
+    with pytest.raises(ValueError) as e:
+        ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=ds)
+    assert str(e.value) == (
+        "ICSDGRPOTrainer: train_dataset (8 rows, columns prompt) has no 'teacher_prompt' column for the privileged "
+        "teacher's prompt; add that column, pass teacher_prompt= (a function of an example; "
+        "skill_teacher_prompt(bank) builds SDAR's), or a rollout_func that returns teacher_prompt_ids")
+    with_col = ds.add_column("teacher_prompt", ["[skill] " + p for p in ds["prompt"]])
+    tr = ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=with_col)
+    assert tr.teacher_prompt(with_col[0]) == "[skill] search for a red mug"
+
+    # a rollout_func may supply teacher_prompt_ids: checked at its first batch, in one line, not as a KeyError
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+
+    def rollout(prompts, trainer):  # returns no teacher_prompt_ids
+        ids = [list(tok(p, add_special_tokens=False).input_ids) for p in prompts]
+        comp = [[5, 6, 7, tok.eos_token_id] for _ in prompts]
+        return {"prompt_ids": ids, "completion_ids": comp, "logprobs": [[0.0] * 4 for _ in comp]}
+
+    tr = ICSDGRPOTrainer(model=model, processing_class=tok, reward_funcs=_reward, args=args, train_dataset=ds,
+                         rollout_func=rollout)
+    with pytest.raises(ValueError, match=r"^ICSDGRPOTrainer: a training example \(keys prompt\) has no "
+                                         r"'teacher_prompt' column .* the rollout_func returned no teacher_prompt_ids"):
+        tr.train()

@@ -266,3 +266,36 @@ def test_distillation_registry_knows_the_names_and_refuses_top_k_teachers(monkey
     _, _, td, out, _ = _batch(4, teacher_layout="verl")
     with pytest.raises(ValueError, match="ICSD_MIN_GROUP='eight' is not a valid int"):
         icsd_distillation_loss(copy.deepcopy(actor_cfg), dist_cfg, out, td)
+
+
+def test_registry_losses_take_every_setting_from_the_environment(monkeypatch):
+    """ICSD_TRUST_ETA and ICSD_INFLUENCE_ETA reach the allocation as the other ICSD_* settings do."""
+    from verl.trainer.distillation.losses import get_distillation_loss_fn
+
+    env = {"ICSD_MIN_GROUP": "3", "ICSD_TRUST_ETA": "0.3", "ICSD_INFLUENCE_ETA": "0.6", "ICSD_EPS": "0.001"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    actor_cfg, dist_cfg = _configs(loss_mode="icsd", use_policy_gradient="true")
+    rows, values, td, out, _ = _batch(6, teacher_layout="verl")
+    losses, _ = get_distillation_loss_fn("icsd")(config=copy.deepcopy(actor_cfg), distillation_config=dist_cfg,
+                                                 model_output=out, data=td)
+    ref = _reference(rows, values.detach(), min_group=3, trust_eta=0.3, influence_eta=0.6, eps=0.001)
+    default = _reference(rows, values.detach(), min_group=3, eps=0.001)
+    got = {k: float(losses.detach()[k[0], k[1]]) for k in ref}
+    want = {k: c * (logp - float(rows[k[0]]["teacher"][k[1]])) for k, (c, logp) in ref.items()}
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert any(abs(ref[k][0] - default[k][0]) > 1e-6 for k in ref)  # the etas changed c: the test can fail
+
+
+def test_registry_losses_refuse_the_legacy_trainers_rows_naming_trainer_use_v1():
+    """verl's legacy trainer (trainer.use_v1=false) hands the loss rows without session_id: one line, not
+    'the micro-batch names no trajectories'."""
+    from icsd_audit.integrations.verl.distill import icsd_distillation_loss
+
+    actor_cfg, dist_cfg = _configs(loss_mode="sdar")
+    _, _, td, out, _ = _batch(7, teacher_layout="verl")
+    del td["session_id"]
+    with pytest.raises(ValueError) as e:
+        icsd_distillation_loss(copy.deepcopy(actor_cfg), dist_cfg, out, td)
+    assert str(e.value) == ("distillation loss_mode=sdar needs verl's v1 trainer (trainer.use_v1=true): the legacy "
+                            "trainer's micro-batches carry no session_id, so no row names its trajectory")

@@ -40,10 +40,11 @@ def test_report_parts_merged_in_batch_order_give_the_local_numbers(tmp_path: Pat
         t = synth_tokens(2500, n_batches=1, seed=20 + b, step=b // 2)
         t["batch_id"][:] = b
         t["env"] = np.where(t["traj_id"] % 2 == 0, "webshop", "alfworld")
+        t["entropy"] = np.random.default_rng(b).gamma(1.0, 1.0, t["delta"].shape).astype(np.float32)  # the strata
         w.write(**t)
     opts = ReportOptions(n_resamples=200, grid=6)
     local = _numbers(audit_dumps([tmp_path], opts))
     monkeypatch.setattr(ray_backend, "ray_parts", _shuffled_parts)
     merged = audit_dumps([tmp_path], opts, backend="ray")
-    assert merged.dynamics is not None  # the per-step accumulator took part
+    assert merged.dynamics is not None and merged.strata  # the per-step and strata accumulators took part
     assert _numbers(merged) == local

@@ -35,9 +35,11 @@ def _report(tmp_path: Path, *inputs: Path) -> tuple[dict, str, str]:
             (out / "report.html").read_text())
 
 
-def _dump(tmp_path: Path, *, zero_adv: bool, grad: bool, steps: int) -> Path:
+def _dump(tmp_path: Path, *, zero_adv: bool, grad: bool, steps: int, logp: bool = True) -> Path:
     n = 2400
     cols = synth_tokens(n, seed=0, n_batches=3)
+    if logp:  # the covariate of the token strata (SPEC 11) when no entropy column exists
+        cols["logp"] = -np.abs(np.random.default_rng(1).normal(size=n)).astype(np.float32)
     if zero_adv:
         cols["advantage"] = np.zeros(n, dtype=np.float32)
     assert np.unique(cols["batch_id"]).tolist() == [0, 1, 2]
@@ -70,6 +72,17 @@ def test_cosines_undefined_everywhere_leave_out_alignment_only(tmp_path: Path) -
 def test_the_same_dumps_with_rewards_keep_every_section(tmp_path: Path) -> None:
     summary, md, _ = _report(tmp_path, _dump(tmp_path, zero_adv=False, grad=True, steps=2))
     assert summary["omitted"] == {} and summary["gradcos"] is not None and "Not shown" not in md
+    assert [r["statistic"] for r in summary["strata"]] == ["strata:logp:K10", "strata:logp:top0.2"]
+    assert "## Token strata" in md and (tmp_path / "rep" / "figures" / "strata.png").exists()
+
+
+def test_no_covariate_omits_the_strata_with_the_reason(tmp_path: Path) -> None:
+    summary, md, html = _report(tmp_path, _dump(tmp_path, zero_adv=False, grad=True, steps=2, logp=False))
+    why = ("the dumps carry neither an 'entropy' nor a 'logp' column in every file (SPEC 11: the strata are by the "
+           "student's next-token entropy, else by the token's log-probability)")
+    assert summary["omitted"] == {"strata": why} and summary["strata"] == []
+    assert f"## Token strata\n\n*Not shown: {why}.*" in md and f"Not shown: {why}" in html.replace("&#x27;", "'")
+    assert not (tmp_path / "rep" / "figures" / "strata.png").exists()
 
 
 def test_one_step_and_no_sketch_say_why(tmp_path: Path) -> None:
@@ -103,3 +116,7 @@ def test_report_on_a_one_step_tiny_random_run(tmp_path: Path, env: str) -> None:
     assert ("alignment" in summary["omitted"]) == no_rl
     assert summary["omitted"]["dynamics"] == "the dumps hold one training step (0); the per-step curve needs two or more"
     assert summary["tcm"] is not None and "## Sign regions" in md and "## Allocation landscape" in md
+    # the built-in loop writes the next-token entropy: the strata are by it, K = 10 and the forking tokens
+    assert "entropy" in dumped.column_names
+    assert [r["statistic"] for r in summary["strata"]] == ["strata:entropy:K10", "strata:entropy:top0.2"]
+    assert "strata" not in summary["omitted"] and "Forking tokens (top 20 % by next-token entropy)" in md

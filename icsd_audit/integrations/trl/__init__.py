@@ -3,7 +3,10 @@
 - :mod:`~icsd_audit.integrations.trl.trainer` -- ``ICSDGRPOTrainer``, a ``trl.GRPOTrainer`` with a privileged
   self-teacher, and its ``ICSDConfig``;
 - :mod:`~icsd_audit.integrations.trl.rollout` -- whole episodes of the built-in environments as a ``rollout_func``;
-- :mod:`~icsd_audit.integrations.trl.run` -- the run folder of ``icsd train --engine trl``.
+- :mod:`~icsd_audit.integrations.trl.run` -- the run folder of ``icsd train --engine trl``;
+- :mod:`~icsd_audit.integrations.trl.record` -- ``record(trainer, dump_dir)``: any GRPO, SDPO or SDFT run
+  recorded without changing its training;
+- :mod:`~icsd_audit.integrations.trl.sdpo` -- ``ICSDSDPOTrainer``: SDPO's distillation term weighted by ``c``.
 
 The trainer's names load on first use, so importing this package does not import TRL.
 """
@@ -13,8 +16,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {name: "icsd_audit.integrations.trl.trainer"
-            for name in ("ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm")}
+_EXPORTS = {**{name: "icsd_audit.integrations.trl.trainer"
+               for name in ("ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm")},
+            "record": "icsd_audit.integrations.trl.record", "ICSDSDPOTrainer": "icsd_audit.integrations.trl.sdpo"}
 
 __all__ = list(_EXPORTS)
 

@@ -68,6 +68,7 @@ from icsd_audit.integrations.core import (AllocationSettings, PaddedAllocation, 
 
 __all__ = ["ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm"]
 
+
 log = logging.getLogger(__name__)
 
 
@@ -102,6 +103,39 @@ def skill_teacher_prompt(bank: Any, *, task_key: str | None = None, mode: str = 
     return build
 
 
+#: the dataset column a trainer built without ``teacher_prompt`` reads the privileged prompt from
+TEACHER_COLUMN = "teacher_prompt"
+_TEACHER_FIX = ("add that column, pass teacher_prompt= (a function of an example; skill_teacher_prompt(bank) builds "
+                "SDAR's), or a rollout_func that returns teacher_prompt_ids")
+
+
+def _describe(dataset: Any) -> str:
+    name = getattr(getattr(dataset, "info", None), "dataset_name", None)
+    cols = getattr(dataset, "column_names", None)
+    rows = f"{len(dataset)} rows, " if hasattr(dataset, "__len__") else ""
+    return f"train_dataset{f' {name!r}' if name else ''} ({rows}columns {', '.join(map(str, cols or []))})"
+
+
+def _check_teacher_column(dataset: Any, *, rollout: Any) -> None:
+    """Without ``teacher_prompt``, the training dataset must hold :data:`TEACHER_COLUMN` (checked when built).
+
+    A ``rollout_func`` may supply ``teacher_prompt_ids`` instead; that is checked at its
+    first batch (:func:`_teacher_column`), the earliest point its output exists.
+    """
+    cols = getattr(dataset, "column_names", None)
+    if rollout is None and cols is not None and TEACHER_COLUMN not in cols:
+        raise ValueError(f"ICSDGRPOTrainer: {_describe(dataset)} has no {TEACHER_COLUMN!r} column for the privileged "
+                         f"teacher's prompt; {_TEACHER_FIX}")
+
+
+def _teacher_column(example: dict) -> Any:
+    if TEACHER_COLUMN not in example:  # a rollout_func that returned no teacher_prompt_ids
+        raise ValueError(f"ICSDGRPOTrainer: a training example (keys {', '.join(map(str, example))}) has no "
+                         f"{TEACHER_COLUMN!r} column for the privileged teacher's prompt and the rollout_func returned "
+                         f"no teacher_prompt_ids; {_TEACHER_FIX}")
+    return example[TEACHER_COLUMN]
+
+
 def _traj_base(step: int) -> int:
     """Run-unique trajectory ids: step in the high bits, row index in the low ones."""
     return int(step) << 24
@@ -122,7 +156,9 @@ class ICSDGRPOTrainer(GRPOTrainer):
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.icsd = icsd or ICSDConfig()
-        self.teacher_prompt = teacher_prompt or (lambda ex: ex["teacher_prompt"])
+        if teacher_prompt is None:
+            _check_teacher_column(self.train_dataset, rollout=self.rollout_func)
+        self.teacher_prompt = teacher_prompt or _teacher_column
         self._icsd_capture = False
         self._icsd_logps: torch.Tensor | None = None
         self.icsd_last: PaddedAllocation | None = None  # the last allocation (tests, debugging)

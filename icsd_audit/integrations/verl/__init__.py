@@ -8,6 +8,8 @@
 - :mod:`~icsd_audit.integrations.verl.trainer` -- ``icsd_sync``, the v1 trainer with a privileged self-teacher;
 - :mod:`~icsd_audit.integrations.verl.gigpo` -- GiGPO as a verl advantage estimator;
 - :mod:`~icsd_audit.integrations.verl.distill` -- ICSD and SDAR in verl's distillation-loss registry;
+- :mod:`~icsd_audit.integrations.verl.record` -- ``recording(loss_fn, dump_dir)``: any verl worker loss, recorded
+  without changing what it returns;
 - :mod:`~icsd_audit.integrations.verl.agent_loop` and :mod:`~icsd_audit.integrations.verl.env` -- the ``icsd_env``
   agent loop and the files ``icsd train --engine verl`` writes.
 
@@ -19,9 +21,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {name: "icsd_audit.integrations.verl.plugin"
-            for name in ("C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss",
-                         "check_verl", "EXPECTED_SIGNATURES")}
+_EXPORTS = {**{name: "icsd_audit.integrations.verl.plugin"
+               for name in ("C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss",
+                            "check_verl", "EXPECTED_SIGNATURES")},
+            "recording": "icsd_audit.integrations.verl.record"}
 
 __all__ = list(_EXPORTS)
 

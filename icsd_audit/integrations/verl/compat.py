@@ -1,7 +1,10 @@
 """Is the installed verl the one icsd was written against?  The version range and every signature it relies on.
 
 Imported by every verl module of the integration (nothing here imports verl at import
-time); :func:`check_verl` runs when the plug-in loads (:mod:`icsd_audit.integrations.verl.plugin`).
+time).  The plug-in (:mod:`icsd_audit.integrations.verl.plugin`) checks the version when it
+loads and, as each verl module it registers into loads, the signatures of the modules
+already loaded (:func:`check_verl` with ``loaded_only``, which imports nothing);
+``icsd_sync`` checks every signature when it starts.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["TESTED_VERL", "EXPECTED_SIGNATURES", "VerlCompatError", "check_verl"]
+__all__ = ["TESTED_VERL", "EXPECTED_SIGNATURES", "VerlCompatError", "check_version", "check_verl"]
 
 #: [lowest tested, first untested) verl versions.
 TESTED_VERL = ("0.9.1", "0.10")
@@ -72,17 +75,36 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_verl() -> str:
-    """The installed verl version; raises :class:`VerlCompatError` naming what does not fit."""
+def check_version() -> str:
+    """The installed verl version (from its package metadata: no import); :class:`VerlCompatError` outside the range."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
     try:
-        import verl
-    except ImportError as e:
+        version = dist_version("verl")
+    except PackageNotFoundError as e:
         raise VerlCompatError("verl is not installed: pip install 'icsd-audit[verl]'") from e
-    version = getattr(verl, "__version__", "0")
     lo, hi = TESTED_VERL
     if not (_version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi)):
         raise VerlCompatError(f"verl {version} is outside the tested range [{lo}, {hi}); pip install 'icsd-audit[verl]'")
+    return version
+
+
+def check_verl(*, loaded_only: bool = False) -> str:
+    """The installed verl version; raises :class:`VerlCompatError` naming what does not fit.
+
+    ``loaded_only``: check only the callables whose module is already imported (imports
+    nothing, so the plug-in can run it at no cost as verl's modules load).
+    """
+    import sys
+
+    def loaded(module: str) -> bool:  # imported and done (not half-way through an import that imports us)
+        m = sys.modules.get(module)
+        return m is not None and not getattr(getattr(m, "__spec__", None), "_initializing", False)
+
+    version = check_version()
     for path, params in EXPECTED_SIGNATURES.items():
+        if loaded_only and not loaded(path.partition(":")[0]):
+            continue
         try:
             obj = resolve_dotted(path)
         except (ImportError, AttributeError) as e:

@@ -38,8 +38,12 @@ and returns per token, with ``k1 = logp - T`` (verl's ``kl_penalty(..., "k1")``)
 
 verl clamps the returned losses to ``+-loss_max_clamp`` when that is set (its yaml
 default is ``null``).  Settings verl's config has no field for come from the workers'
-environment: ``ICSD_TRUST``, ``ICSD_TRUST_BETA``, ``ICSD_MIN_GROUP``, ``ICSD_EPS``,
-``ICSD_SEED`` and ``ICSD_DUMP_DIR`` (:func:`~.verl_loss.scope_from_env`).  Metrics:
+environment (:data:`~.loss.ENV_SETTINGS`: ``ICSD_TRUST``, ``ICSD_TRUST_BETA``,
+``ICSD_TRUST_ETA``, ``ICSD_INFLUENCE_ETA``, ``ICSD_MIN_GROUP``, ``ICSD_EPS``, ``ICSD_SEED``,
+``ICSD_DUMP_DIR``), checked when the plug-in registers these losses.  They need verl's v1
+trainer (``trainer.use_v1=true``): its agent loop stores each row's ``uid`` and
+``session_id``, which name the trajectories; the legacy trainer's rows do not, and the
+first call refuses them in one line.  Metrics:
 ``icsd/tcm_icsd``, ``icsd/tcm_sdar``, ``icsd/c_mean``, ``icsd/alloc_seconds``.
 """
 
@@ -50,7 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from icsd_audit.integrations.verl.loss import scope_from_env
+from icsd_audit.integrations.verl.loss import TRAJ_KEY, scope_from_env
 
 __all__ = ["LOSS_ALLOCATORS", "icsd_distillation_loss", "register_losses"]
 
@@ -73,6 +77,9 @@ def icsd_distillation_loss(config: Any, distillation_config: Any, model_output: 
     if "teacher_logprobs" not in data.keys():
         raise KeyError(f"distillation loss_mode={mode}: the batch has no teacher_logprobs (verl's teacher loop "
                        "stores them: distillation.enabled=true with a teacher model)")
+    if "session_id" not in data.keys() and TRAJ_KEY not in data.keys():  # rows that name no trajectory
+        raise ValueError(f"distillation loss_mode={mode} needs verl's v1 trainer (trainer.use_v1=true): the legacy "
+                         "trainer's micro-batches carry no session_id, so no row names its trajectory")
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     teacher = no_padding_2_padding(data["teacher_logprobs"], data)
     if teacher.dim() == 3:

@@ -270,6 +270,9 @@ def scope_from_env(allocator: str, *, producer: str) -> MicroBatchScope:
         cast = type(getattr(DEFAULTS, name))
         try:
             values[name] = cast(raw)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r} is not a valid {'integer' if cast is int else 'number'}") from None
+        try:
             DEFAULTS.replace(**{name: values[name]})  # validated here so that the message names the variable
         except ValueError as e:
             raise ValueError(f"{var}={raw!r}: {e}") from None

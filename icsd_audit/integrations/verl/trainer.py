@@ -89,9 +89,7 @@ class ICSDVerlConfig(AllocationSettings):
 
     def micro_scope(self) -> MicroBatchScope:
         """The worker loss's allocation in ``micro-batch`` scope (dumps written by the workers)."""
-        return MicroBatchScope(allocator=self.allocator, trust=self.trust, trust_beta=self.trust_beta,
-                               min_group=self.min_group, eps=self.eps, seed=self.seed, dump_dir=self.dump_dir,
-                               producer="icsd.verl.icsd_sync")
+        return MicroBatchScope(**self.allocator_settings().to_dict(), dump_dir=self.dump_dir, producer="icsd.verl.icsd_sync")
 
     @staticmethod
     def from_config(node: Any) -> "ICSDVerlConfig":
@@ -230,6 +228,9 @@ def register() -> type:
         """verl's sync trainer + privileged self-teacher + ICSD allocation + auxiliary loss + dumps."""
 
         def on_init_end(self) -> None:
+            from icsd_audit.integrations.verl.compat import check_verl
+
+            check_verl()  # every signature we rely on (the plug-in checked only the modules loaded as it registered)
             super().on_init_end()
             self.icsd = ICSDVerlConfig.from_config(self.config.get("icsd"))
             actor = self.config.actor_rollout_ref.actor

@@ -15,7 +15,8 @@ selects a backend nor opens a window, and a user's own backend choice stands.
 - :func:`landscape_figure` -- continuous_joint_allocation (a-b), intensity over ranks;
 - :func:`shift_figure` -- continuous_joint_allocation (c), share shift by advantage bin;
 - :func:`alignment_figure` -- gradient_alignment_flow, cosines and permutation control;
-- :func:`dynamics_figure` -- Figure A3 (e-f), trusted mass on A < 0 per training step.
+- :func:`dynamics_figure` -- Figure A3 (e-f), trusted mass on A < 0 per training step;
+- :func:`strata_figure` -- token strata (SPEC 11), mass share and TCM per covariate bin.
 
 See ``docs/figures.md``.
 """
@@ -27,6 +28,7 @@ from icsd_audit.report.figures.dynamics import centered_mean, dynamics_figure
 from icsd_audit.report.figures.landscape import landscape_figure, zero_rank_of
 from icsd_audit.report.figures.quadrants import REGION_LABELS, quadrant_figure
 from icsd_audit.report.figures.shift import shift_figure, shift_positions
+from icsd_audit.report.figures.strata import strata_figure
 from icsd_audit.report.figures.style import COLUMN_WIDTH, OKABE_ITO, TEXT_WIDTH, paper_style, render, save_figure
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "shift_figure",
     "alignment_figure",
     "dynamics_figure",
+    "strata_figure",
     "centered_mean",
     "zero_rank_of",
     "shift_positions",

@@ -40,54 +40,19 @@ nothing is dumped (:mod:`icsd_audit.train.update.hybrid`).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
-import inspect
 import json
-import math
-import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
-
-from icsd_audit.alloc.settings import DEFAULTS, SETTING_HELP, AllocatorSettings
 from typing import Any, ClassVar, Mapping
 
-__all__ = ["TrainConfig", "ConfigError", "field_docs", "parse_override", "REWARDS", "WARM_START_PREFIX", "resolve_init",
-           "same_base", "shipped_warm_starts", "warm_starts_dir"]
-from icsd_audit.threads import MAX_THREADS
+from icsd_audit.alloc.settings import DEFAULTS, AllocatorSettings
+from icsd_audit.train.config.checks import config_names, config_problems, training_problems
+from icsd_audit.train.config.errors import NO_ALLOCATOR, ConfigError
+from icsd_audit.train.config.warmstarts import resolve_init
 
-#: Reward shaping names (see ``TrainConfig.reward``).
-REWARDS = ("won10", "score")
-#: Invalid-turn rules (see ``TrainConfig.invalid_rule`` and icsd_audit.train.rollout.collect.INVALID_RULES).
-INVALID_RULE_NAMES = ("format", "admissible")
-_PRECISIONS = ("auto", "float32", "bf16-mixed")
-#: the largest seed: every generator a seed reaches (NumPy's legacy seeding among them) takes 0..2**32 - 1
-SEED_MAX = 2**32 - 1
-_NO_ALLOCATOR = "none"
-
-
-class _Unchecked:
-    """Settings values read by ``AllocatorSettings.problems`` without building the (validating) object."""
-
-    def __init__(self, values: dict[str, Any]):
-        self.__dict__.update(values)
-
-
-def _config_names(problem: str, names: dict[str, str]) -> str:
-    """An allocator-settings problem with the config's field names (``eps`` -> ``alloc_eps``)."""
-    if problem.startswith("unknown allocator"):
-        return problem.replace("; valid: ", "; valid: none (no distillation), ", 1)
-    head, sep, rest = problem.partition(" ")
-    return f"{names.get(head, head)}{sep}{rest}"
-
-
-class ConfigError(ValueError):
-    """One or more configuration errors; each line says what is wrong and how to fix it."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("invalid training config: " + "; ".join(self.problems))
+__all__ = ["TrainConfig"]
 
 
 @dataclass
@@ -307,7 +272,7 @@ class TrainConfig:
     @property
     def distill_enabled(self) -> bool:
         """Whether the run has a distillation term (allocator other than 'none')."""
-        return self.allocator != _NO_ALLOCATOR
+        return self.allocator != NO_ALLOCATOR
 
     @property
     def teacher_enabled(self) -> bool:
@@ -343,13 +308,13 @@ class TrainConfig:
     def allocation(self) -> AllocatorSettings:
         """The run's allocator settings (``allocator='none'`` keeps its other settings, allocated as SDAR would be)."""
         values = {dst: getattr(self, src) for src, dst in self.ALLOCATION_FIELDS.items()}
-        if values["allocator"] == _NO_ALLOCATOR:
+        if values["allocator"] == NO_ALLOCATOR:
             values["allocator"] = "sdar"
         try:
             return AllocatorSettings(**values)
         except ValueError as e:
             names = {dst: src for src, dst in self.ALLOCATION_FIELDS.items()}
-            raise ConfigError([_config_names(str(e), names)]) from None
+            raise ConfigError([config_names(str(e), names)]) from None
 
     def allocator_settings(self) -> dict[str, Any]:
         """What the dump metadata records under ``allocator`` (the audit's options): the allocation's SPEC 9
@@ -417,208 +382,30 @@ class TrainConfig:
                 found["init folder"] = str(self.init_path)
         return found
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ validation (rules: config/checks.py)
     def validate(self, *, env_here: bool = True) -> "TrainConfig":
         """Raise :class:`ConfigError` listing every problem with its fix; return self when fine.
 
         ``env_here=False`` skips the checks that the environment's engine is installed on this
         machine (``icsd train --engine verl --dry-run`` writes files for another machine).
         """
-        p = self._type_problems()
-        if p:  # the checks below compare values; with a wrong type they would fail with a traceback instead
-            raise ConfigError(p)
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                p.append(msg)
-
-        for f in fields(self):
-            v = getattr(self, f.name)
-            need(not isinstance(v, float) or math.isfinite(v), f"{f.name}={v!r} must be a finite number")
-        for name in ("seed", "alloc_seed", "sketch_seed"):
-            v = getattr(self, name)
-            need(0 <= v <= SEED_MAX, f"{name}={v!r} must be an integer in 0..{SEED_MAX}")
-
-        for name in ("total_steps", "max_turns", "n_tasks", "group_size", "max_prompt_tokens", "max_response_tokens",
-                     "rollout_batch_rows", "ppo_epochs", "mini_batch_rows", "micro_batch_rows", "min_group"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name}={v!r} must be an integer >= 1")
-        for name in ("dump_every", "checkpoint_every", "eval_every", "history_window", "sketch_k"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and v >= 0, f"{name}={v!r} must be an integer >= 0 (0 turns it off)")
-        need(isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank >= 0,
-             f"lora_rank={self.lora_rank!r} must be an integer >= 0 (0: full fine-tuning)")
-        need(self.lora_alpha is None or self.lora_alpha > 0, f"lora_alpha={self.lora_alpha} must be > 0 (or None: 2 * rank)")
-        need(bool(self.lora_targets.strip(" ,")),
-             f"lora_targets={self.lora_targets!r} names no module; use 'all-linear' or e.g. 'q_proj,v_proj'")
-        p.extend(self._init_problems())
-        need(self.keep_checkpoints >= 1, f"keep_checkpoints={self.keep_checkpoints} must be >= 1")
-        need(self.eval_tasks >= 1, f"eval_tasks={self.eval_tasks} must be >= 1")
-        need(self.threads is None or 1 <= self.threads <= MAX_THREADS,
-             f"threads={self.threads} must lie in 1..{MAX_THREADS} or be None")
-        need(self.group_size >= 2 or self.adv_estimator not in ("grpo", "gigpo"),
-             f"group_size={self.group_size}: group-relative advantages need at least 2 rollouts per task; set group_size >= 2")
-        need(self.temperature > 0, f"temperature={self.temperature} must be > 0 for training (sampling); use e.g. 1.0")
-        need(self.eval_temperature >= 0, f"eval_temperature={self.eval_temperature} must be >= 0 (0 = greedy)")
-        need(self.lr > 0, f"lr={self.lr} must be > 0")
-        need(0 <= self.lr_warmup_steps_ratio <= 1,
-             f"lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must lie in [0, 1] (SDAR's search scripts: 0.1)")
-        need(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
-        need(self.grad_clip > 0, f"grad_clip={self.grad_clip} must be > 0")
-        need(0 < self.clip_ratio < 1, f"clip_ratio={self.clip_ratio} must lie in (0, 1); the paper uses 0.2")
-        need(self.dual_clip > 1, f"dual_clip={self.dual_clip} must be > 1 (verl requires clip_ratio_c > 1); the paper uses 3")
-        need(self.kl_coef >= 0, f"kl_coef={self.kl_coef} must be >= 0 (0 skips the reference pass)")
-        need(self.distill_coef >= 0, f"distill_coef={self.distill_coef} must be >= 0")
-        need(self.invalid_penalty >= 0, f"invalid_penalty={self.invalid_penalty} must be >= 0")
-        need(0 <= self.gamma <= 1, f"gamma={self.gamma} must lie in [0, 1]")
-        values = {dst: getattr(self, src) for src, dst in self.ALLOCATION_FIELDS.items()}
-        if values["allocator"] == _NO_ALLOCATOR:
-            values["allocator"] = "sdar"  # 'none' is the trainer's; the allocator's other settings are still checked
-        names = {dst: src for src, dst in self.ALLOCATION_FIELDS.items()}
-        p.extend(_config_names(q, names) for q in AllocatorSettings.problems(_Unchecked(values)))
-        need(self.invalid_rule in INVALID_RULE_NAMES,
-             f"invalid_rule={self.invalid_rule!r}: choose one of {list(INVALID_RULE_NAMES)}")
-        need(self.reward in REWARDS, f"reward={self.reward!r}: choose one of {list(REWARDS)}")
-        need(self.precision in _PRECISIONS, f"precision={self.precision!r}: choose one of {list(_PRECISIONS)}")
-        need(self.adv_estimator in ("grpo", "gigpo"), f"adv_estimator={self.adv_estimator!r}: choose 'grpo' or 'gigpo'")
-        need(self.gigpo_mode in ("mean_norm", "mean_std_norm"),
-             f"gigpo_mode={self.gigpo_mode!r}: choose 'mean_norm' or 'mean_std_norm'")
-        need(self.skill_mode in ("match", "all", "general"), f"skill_mode={self.skill_mode!r}: choose match, all or general")
-        need(self.skill_bank_mode in ("task", "general"),
-             f"skill_bank_mode={self.skill_bank_mode!r}: choose 'task' (task-specific skills) or 'general' (SDAR's first release)")
-        need(self.skill_match in ("sdar", "instruction"),
-             f"skill_match={self.skill_match!r}: choose 'sdar' (SDAR's rule) or 'instruction'")
-        need(self.student_skills in ("off", "train", "eval", "both"),
-             f"student_skills={self.student_skills!r}: choose off, train, eval or both")
-        need(self.student_skills in ("off", "eval") or not self.teacher_enabled,
-             f"student_skills={self.student_skills!r} with allocator={self.allocator!r}, hybrid={self.hybrid!r} would "
-             "show the teacher's skill to the student as well; use allocator='none' and hybrid='none' (Skill-GRPO) "
-             "or student_skills='off'")
-        p.extend(self._hybrid_problems())
-        need(self.pg_coef >= 0, f"pg_coef={self.pg_coef} must be >= 0 (0: no RL loss)")
-        need(self.pg_coef > 0 or self.distill_enabled,
-             "pg_coef=0 with allocator='none' leaves no loss at all; pick allocator='opsd' for stand-alone OPSD")
-        need(self.skill_placement in ("prefix", "user"), f"skill_placement={self.skill_placement!r}: choose 'prefix' (SDAR) or 'user'")
-        need(isinstance(self.sketch_seed, int) and not isinstance(self.sketch_seed, bool),
-             f"sketch_seed={self.sketch_seed!r} must be an integer")
-        need(bool(self.sketch_layers.strip(" ,")),
-             f"sketch_layers={self.sketch_layers!r} names no layer; use 'auto' or comma-separated module names")
-        if isinstance(self.sketch_k, int) and self.sketch_k > 0:
-            need(self.distill_enabled and self.dump_every > 0,
-                 f"sketch_k={self.sketch_k} but this run writes no dumps (allocator={self.allocator!r}, "
-                 f"dump_every={self.dump_every}); pick an allocator other than 'none' and dump_every >= 1, or set sketch_k=0")
-        need(self.alloc_scope in ("mini-batch", "micro-batch"),
-             f"alloc_scope={self.alloc_scope!r}: choose 'mini-batch' or 'micro-batch'")
-        need(self.micro_batch_rows <= self.mini_batch_rows,
-             f"micro_batch_rows={self.micro_batch_rows} exceeds mini_batch_rows={self.mini_batch_rows}; lower micro_batch_rows")
-        from icsd_audit.envs import ENV_NAMES
-
-        need(self.env in ENV_NAMES, f"env={self.env!r}: available environments are {list(ENV_NAMES)}")
-        if self.env == "alfworld":
-            from icsd_audit.envs.alfworld.engine import ENGINE_HINT, engine_available
-
-            need(engine_available() or not env_here, ENGINE_HINT)
-            need(not self.env_url, f"env_url={self.env_url!r}: ALFWorld runs in-process; unset env_url")
-        if self.env == "webshop" and self.env_url:
-            need(self.server_num_goals is None or self.server_num_goals > 500,
-                 f"server_num_goals={self.server_num_goals} must exceed the 500 held-out goals")
-        need(self.alfworld_data is None or self.env == "alfworld",
-             f"alfworld_data is set but env={self.env!r}; use --env alfworld or drop alfworld_data")
-        if self.alfworld_data is not None:
-            need(Path(self.alfworld_data).expanduser().is_dir(),
-                 f"alfworld_data={self.alfworld_data!r} is not a folder; point it at the folder holding json_2.1.1/")
-        need(not self.one_shot or self.env in _ONE_SHOT_ENVS,
-             f"one_shot=True has no worked example for env {self.env!r}; set one_shot=False")
-        if not (self.model in _MODEL_ALIASES or Path(self.model).expanduser().is_dir()):
-            p.append(f"model={self.model!r} is neither 'embedded', 'tiny-random' nor a local folder; "
-                     "download the model (e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR")
-        need(self.policy in ("model", "expert"), f"policy={self.policy!r}: choose 'model' or 'expert'")
-        p.extend(self._searchqa_problems())
-        try:
-            from icsd_audit.runs.trackers import parse_report_to
-
-            parse_report_to(self.report_to)
-        except ValueError as exc:
-            p.append(f"report_to={self.report_to!r}: {exc}")
-        if p:
-            raise ConfigError(p)
+        problems = config_problems(self, env_here=env_here)
+        if problems:
+            raise ConfigError(problems)
         return self
-
-    def _hybrid_problems(self) -> list[str]:
-        from icsd_audit.train.update.hybrid import hybrid_names
-
-        if self.hybrid not in hybrid_names():
-            return [f"hybrid={self.hybrid!r}: choose one of {hybrid_names()}"]
-        p = []
-        if not 0 <= self.rlsd_lambda <= 1:
-            p.append(f"rlsd_lambda={self.rlsd_lambda} must lie in [0, 1] (SDAR's scripts: 0.5)")
-        if self.rlsd_warmdown_steps < 1:
-            p.append(f"rlsd_warmdown_steps={self.rlsd_warmdown_steps} must be >= 1 (SDAR's scripts: 100)")
-        if not 0 < self.rlsd_clip_eps < 1:
-            p.append(f"rlsd_clip_eps={self.rlsd_clip_eps} must lie in (0, 1) (SDAR's scripts: 0.2)")
-        if self.sdl_coef < 0:
-            p.append(f"sdl_coef={self.sdl_coef} must be >= 0 (SDAR's scripts: 0.001)")
-        if self.hybrid != "none":
-            if self.distill_enabled:
-                p.append(f"hybrid={self.hybrid!r} uses the teacher without an allocated distillation term (SDAR's "
-                         f"{self.hybrid} trainer has none), so allocator={self.allocator!r} cannot join it; add "
-                         "--allocator none")
-            if self.teacher_rescore:
-                p.append(f"teacher_rescore=True re-scores the teacher for an allocation; hybrid={self.hybrid!r} uses "
-                         "the step's teacher, as SDAR does: set teacher_rescore=False")
-        return p
-
-    def _type_problems(self) -> list[str]:
-        """Each field whose value does not have its declared type (int, float, bool, str, or None where allowed)."""
-        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
-        p = []
-        for f in fields(self):
-            v = getattr(self, f.name)
-            parts = [t.strip() for t in str(f.type).split("|")]
-            if v is None and "None" in parts:
-                continue
-            allowed = tuple(c for t in parts for c in kinds.get(t, ()))
-            if allowed and (not isinstance(v, allowed) or (isinstance(v, bool) and bool not in allowed)):
-                p.append(f"{f.name}={v!r} must be {' or '.join(parts)}, not {type(v).__name__}")
-        return p
 
     def validate_training(self, *, env_here: bool = True) -> "TrainConfig":
         """:meth:`validate`, plus what only training (rollouts on the train split) needs; before any model loads."""
         self.validate(env_here=env_here)
-        if self.env == "webshop" and self.env_url and self.train_split == "train" and self.server_num_goals is None:
-            raise ConfigError([
-                "env_url is set but server_num_goals is not: training on a WebShop server's train split (goals 500..N-1, "
-                "as verl-agent splits them) needs N, the number of goals the server loaded ('Loaded N goals.' in its "
-                "start-up log); add --set server_num_goals=N"])
+        problems = training_problems(self)
+        if problems:
+            raise ConfigError(problems)
         return self
 
     @property
     def init_path(self) -> str | None:
         """``init`` as a folder: a shipped warm start's reference (``warmstart:NAME``) resolved; None when unset."""
         return resolve_init(self.init)
-
-    def _init_problems(self) -> list[str]:
-        if self.init is None:
-            return []
-        from icsd_audit.train.models.lora import AdapterError, adapter_settings, is_adapter_dir, is_model_dir
-
-        try:
-            d = Path(str(resolve_init(self.init))).expanduser()
-        except ConfigError as e:
-            return e.problems
-        if is_adapter_dir(d):
-            try:
-                rank = adapter_settings(d).rank
-            except AdapterError as e:
-                return [f"init={self.init!r}: {e}"]
-            if self.lora_rank not in (0, rank):
-                return [f"init={self.init!r} is a rank-{rank} adapter, which training continues; drop lora_rank="
-                        f"{self.lora_rank} or set it to {rank}"]
-            return []
-        if is_model_dir(d):
-            return []
-        return [f"init={self.init!r} is neither a LoRA adapter folder (adapter_config.json) nor a model folder "
-                "(config.json); pass a folder written by icsd train, icsd sft or save_pretrained"]
 
     @property
     def lora_enabled(self) -> bool:
@@ -629,111 +416,5 @@ class TrainConfig:
 
         return self.init is not None and is_adapter_dir(str(self.init_path))
 
-    def _searchqa_problems(self) -> list[str]:
-        p = []
-        named = [k for k in ("searchqa_corpus", "searchqa_data", "retriever_url") if getattr(self, k)]
-        if named and self.env != "searchqa":
-            p.append(f"{', '.join(named)} only apply to env='searchqa' (env={self.env!r}); unset them or set env=searchqa")
-        if self.searchqa_protocol not in ("search-r1", "verl-agent"):
-            p.append(f"searchqa_protocol={self.searchqa_protocol!r}: choose 'search-r1' or 'verl-agent'")
-        if self.searchqa_expert not in ("gold", "retrieval"):
-            p.append(f"searchqa_expert={self.searchqa_expert!r}: choose 'gold' (oracle answer) or 'retrieval' "
-                     "(answers only from retrieved passages)")
-        if not (isinstance(self.retrieval_topk, int) and self.retrieval_topk >= 1):
-            p.append(f"retrieval_topk={self.retrieval_topk!r} must be an integer >= 1 (Search-R1 uses 3)")
-        files = [self.searchqa_corpus] if self.searchqa_corpus else []
-        files += [f.strip() for f in (self.searchqa_data or "").split(",") if f.strip()]
-        p.extend(f"Search-QA file {f} not found; check the path in searchqa_corpus / searchqa_data"
-                 for f in files if not Path(f).expanduser().is_file())
-        if self.searchqa_corpus and self.retriever_url:
-            p.append(f"searchqa_corpus={self.searchqa_corpus!r} and retriever_url={self.retriever_url!r} contradict each "
-                     "other: the server would be searched and the corpus ignored; set only one")
-        if self.searchqa_data and not (self.searchqa_corpus or self.retriever_url or self.env_url):
-            p.append("searchqa_data is set but nothing to search: set searchqa_corpus=corpus.jsonl or "
-                     "retriever_url=http://host:port")
-        return p
 
 
-_MODEL_ALIASES = ("embedded", "default", "smollm2", "smollm2-135m-instruct", "tiny-random")
-_EMBEDDED_ALIASES = _MODEL_ALIASES[:4]
-
-#: ``init`` may name a warm start shipped with icsd: ``warmstart:NAME`` is the adapter folder
-#: ``icsd_audit/warmstarts/NAME`` (written by ``icsd sft``; docs/training.md, "Warm start from the expert").
-#: Configs record the name, not the install path, so runs of different machines compare.
-WARM_START_PREFIX = "warmstart:"
-
-
-def warm_starts_dir() -> Path:
-    """Where the shipped warm starts live (package data)."""
-    return Path(__file__).resolve().parents[2] / "warmstarts"
-
-
-def shipped_warm_starts() -> list[str]:
-    """Names of the shipped warm starts (``init=warmstart:NAME``)."""
-    root = warm_starts_dir()
-    return sorted(d.name for d in root.iterdir() if (d / "adapter_config.json").is_file()) if root.is_dir() else []
-
-
-def resolve_init(init: str | None) -> str | None:
-    """The folder ``init`` names: ``warmstart:NAME`` -> the shipped adapter's folder; any other value as it is."""
-    if init is None or not init.startswith(WARM_START_PREFIX):
-        return init
-    name = init[len(WARM_START_PREFIX):]
-    folder = warm_starts_dir() / name
-    if not name or Path(name).name != name or not (folder / "adapter_config.json").is_file():
-        raise ConfigError([f"init={init!r}: no shipped warm start {name!r}; shipped: "
-                           f"{', '.join(WARM_START_PREFIX + n for n in shipped_warm_starts()) or 'none'}"])
-    return str(folder)
-
-
-def same_base(model: Any, warm_start: str) -> bool:
-    """Whether ``model`` is the base a shipped warm start was trained on (read from its icsd_adapter.json)."""
-    try:
-        meta = json.loads((Path(str(resolve_init(warm_start))) / "icsd_adapter.json").read_text())
-    except (ConfigError, OSError, ValueError):
-        return True  # let validation report the warm start itself
-    base = str(meta.get("base_model", ""))
-    return model == base or (model in _EMBEDDED_ALIASES and base in _EMBEDDED_ALIASES)
-_ONE_SHOT_ENVS = ("webshop", "searchqa", "alfworld")
-
-
-def field_docs() -> dict[str, tuple[str, str, Any]]:
-    """Field name -> (type, docstring, default), read from this module's source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(TrainConfig)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                docs[node.target.id] = str(nxt.value.value)
-    for src, dst in TrainConfig.ALLOCATION_FIELDS.items():
-        docs.setdefault(src, SETTING_HELP[dst])  # the allocator settings' help is written once, in AllocatorSettings
-    defaults = TrainConfig()
-    return {f.name: (str(f.type), docs.get(f.name, ""), getattr(defaults, f.name)) for f in fields(TrainConfig)}
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``'key=value'`` -> (key, typed value), typed by the field's default/annotation."""
-    if "=" not in text:
-        raise ConfigError([f"override {text!r} must look like key=value, e.g. lr=1e-5"])
-    key, raw = (s.strip() for s in text.split("=", 1))
-    types = {f.name: str(f.type) for f in fields(TrainConfig)}
-    if key not in types:
-        raise ConfigError([f"unknown field {key!r} in override {text!r}; see `icsd train --list-fields`"])
-    t = types[key]
-    if raw.lower() in ("none", "null") and "None" in t:
-        return key, None
-    try:
-        if t.startswith("bool"):
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return key, True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return key, False
-            raise ValueError(raw)
-        if t.startswith("int"):
-            return key, int(raw)
-        if t.startswith("float"):
-            return key, float(raw)
-    except ValueError:
-        raise ConfigError([f"override {text!r}: {raw!r} is not a valid {t.split(' ')[0]}"]) from None
-    return key, raw

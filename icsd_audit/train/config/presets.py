@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from icsd_audit.train.config.fields import WARM_START_PREFIX, ConfigError, TrainConfig, same_base
+from icsd_audit.train.config.errors import ConfigError
+from icsd_audit.train.config.fields import TrainConfig
+from icsd_audit.train.config.warmstarts import WARM_START_PREFIX, same_base
 
 __all__ = ["CPU_WARM_START", "PRESETS", "from_preset", "preset", "preset_for"]
 

@@ -330,6 +330,22 @@ def ensure_embedded_model(*, refresh: bool = False) -> tuple[Path, bool]:
     return target, True
 
 
+@contextlib.contextmanager
+def _quiet_load_report(strict: bool) -> Iterator[None]:
+    """Transformers' multi-line load report is replaced, under a strict load, by its one-line refusal."""
+    if not strict:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -378,7 +394,7 @@ def load_model(
             )
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"{folder} has no config.json; point to the folder that holds the model's files")
-        from icsd_audit.train.weightfiles import WeightFileError, check_folder
+        from icsd_audit.train.models.weightfiles import WeightFileError, check_folder
 
         try:
             check_folder(folder)
@@ -388,17 +404,20 @@ def load_model(
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     try:
-        with _offline():
+        with _offline(), _quiet_load_report(strict):
             model, info = AutoModelForCausalLM.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust_remote_code, **_dtype_kwarg(dt),
-                output_loading_info=True, **from_pretrained_kwargs
+                output_loading_info=True, **({"ignore_mismatched_sizes": True} if strict else {}),
+                **from_pretrained_kwargs
             )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelLoadError(f"{folder}: cannot load the model ({text})") from None
     if strict:  # transformers fills a tensor the files lack with random values, and skips one they hold extra
         for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-            names = sorted(str(n) for n in (info.get(kind) or []))
+            # a mismatched key comes as (name, shape in the file, shape of the model)
+            names = sorted(f"{n[0]}: {tuple(n[1])} in the file, {tuple(n[2])} in the model" if isinstance(n, tuple)
+                           else str(n) for n in (info.get(kind) or []))
             if names:
                 raise ModelLoadError(f"{folder}: its weights do not match the model its config.json describes: "
                                      f"{len(names)} {kind.replace('_keys', '')} tensor(s) ({', '.join(names[:3])}"

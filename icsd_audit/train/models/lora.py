@@ -119,7 +119,7 @@ def adapter_settings(path: str | Path) -> LoraSettings:
 
 
 def _read_json(f: Path) -> Any:
-    from icsd_audit.train.weightfiles import WeightFileError, read_json
+    from icsd_audit.train.models.weightfiles import WeightFileError, read_json
 
     try:
         return read_json(f)
@@ -198,7 +198,7 @@ def load_adapter(model: Any, adapter: str | Path, *, trainable: bool, reference_
     require_peft()
     from peft import PeftModel
 
-    from icsd_audit.train.weightfiles import WeightFileError, check_folder
+    from icsd_audit.train.models.weightfiles import WeightFileError, check_folder
 
     try:  # headers and configs before peft and safetensors parse them
         for folder in [adapter] + ([reference_from] if reference_from is not None else []):
@@ -224,7 +224,7 @@ def _check_tensor_names(peft_model: Any, folder: Path) -> None:
     missing ones, which keep their fresh initial values, and drops unexpected ones without a word)."""
     from peft import get_peft_model_state_dict
 
-    from icsd_audit.train.weightfiles import safetensors_header
+    from icsd_audit.train.models.weightfiles import safetensors_header
 
     f = folder / "adapter_model.safetensors"
     if not f.is_file():

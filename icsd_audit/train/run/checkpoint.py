@@ -254,7 +254,7 @@ def _load_state(folder: Path) -> dict[str, Any]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from icsd_audit.train.weightfiles import WeightFileError, read_json, safetensors_header
+    from icsd_audit.train.models.weightfiles import WeightFileError, read_json, safetensors_header
 
     f = folder / STATE_FILE
     try:

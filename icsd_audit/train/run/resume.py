@@ -118,7 +118,7 @@ def plan_run(cfg: TrainConfig, *, resume: str | Path | bool | None, overwrite: b
 def _check_unsaved_run(cfg: TrainConfig, out: Path) -> None:
     """``--resume`` where the run has no checkpoint: refused when steps are complete (a resume would redo them
     from step 0, losing them); allowed when none is (nothing is lost), as the run recorded in config.json."""
-    from icsd_audit.train.weightfiles import read_json
+    from icsd_audit.train.models.weightfiles import read_json
 
     done = sorted(set(committed_steps(out / "dumps")) | set(_logged_steps(out / "metrics.jsonl")))
     if done:

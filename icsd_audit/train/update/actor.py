@@ -51,12 +51,13 @@ but the gradient pass sees one micro-batch at a time. Two scopes:
 The per-token score norm ``s_t = ||onehot(a_t) - softmax(z_t)||`` (SPEC 1, ``fisher``)
 comes from the logits of the pass that gave ``logp`` (pre-pass, or the gradient forward
 in micro-batch scope); on a skipped pre-pass, from the gradient forward (the rollout
-weights). It costs no extra pass. The teacher log-probs are the step's (rollout
+weights). It costs no extra pass. The student's next-token entropy (SPEC 11, the dumps'
+``entropy`` column, nats) comes from the same logits as the score norm. The teacher log-probs are the step's (rollout
 weights, SDAR's timing) unless ``teacher_rescore`` re-scores the teacher rows of every
 mini-batch after the first with the current weights (one more no-grad forward over the
 teacher prompts per mini-batch).
 
-The dump records the ``ratio``, ``delta``, ``score_norm`` and ``logp`` that entered the
+The dump records the ``ratio``, ``delta``, ``score_norm``, ``entropy`` and ``logp`` that entered the
 allocation, and ``train_logp`` from the gradient pass. With a ``sketcher`` (``sketch_k >
 0``), a dumped mini-batch's gradient micro-batches also yield per-token gradient
 sketches (:mod:`.sketching`), dumped as ``sketch.<layer>.out|in`` in the same row layout.
@@ -370,6 +371,7 @@ class Actor:
         cur = old.clone()
         ratio_alloc = torch.ones_like(old)
         score_norm = torch.zeros_like(old)
+        entropy = torch.zeros_like(old)  # SPEC 11: from the same logits as the score norm, no extra pass
         delta: Tensor | None = None
         allocs: list[tuple[slice, Allocation]] = []
         batch_ids = np.full(n_tok, bid, dtype=np.int64)
@@ -382,11 +384,13 @@ class Actor:
             if prepass:
                 t0 = time.perf_counter()
                 sn_rows: dict[int, Tensor] = {}
+                ent_rows: dict[int, Tensor] = {}
                 per_row = score_rows(self.model, data.prompts, data.responses, micro, pad_id=self.pad_id,
                                      device=self.device, temperature=self.temperature, precision=self.precision,
-                                     score_norms=sn_rows)
+                                     score_norms=sn_rows, entropies=ent_rows)
                 cur = self._gather(rows, per_row)
                 score_norm = self._gather(rows, sn_rows)
+                entropy = self._gather(rows, ent_rows)
                 ratio_alloc = torch.exp((cur - old).clamp(-20.0, 20.0))
                 timer.add("prepass", time.perf_counter() - t0)
             assert teacher is not None
@@ -424,8 +428,8 @@ class Actor:
                 with hooks, recompute:  # attached for this forward only
                     with autocast_for(dev, self.precision):
                         out = response_logprobs(self.model, packed, temperature=self.temperature,
-                                                with_score_norm=want_sn)
-                        lp2d, sn2d = out if want_sn else (out, None)
+                                                with_score_norm=want_sn, with_entropy=want_sn)
+                        lp2d, sn2d, ent2d = out if want_sn else (out, None, None)
                     if sketcher is not None:  # before the backward: collect reads the graph, keeps it
                         t1 = time.perf_counter()
                         sketches.append(response_sketch(sketcher, packed, lp2d).to("cpu"))
@@ -435,6 +439,7 @@ class Actor:
                 off += logp.numel()
                 if sn2d is not None:
                     score_norm[sl] = sn2d[packed.response_mask].float().cpu()
+                    entropy[sl] = ent2d[packed.response_mask].float().cpu()
                 if micro_scope:
                     # allocation from this micro-batch's own forward: no extra pass
                     t1 = time.perf_counter()
@@ -530,6 +535,7 @@ class Actor:
             "ratio": ratio_alloc.numpy().astype(np.float32),
             "delta": delta.numpy().astype(np.float32),
             "score_norm": score_norm.numpy().astype(np.float32),
+            "entropy": entropy.numpy().astype(np.float32),
             "valid": np.ones(n_tok, dtype=bool),
             "pos": pos.numpy().astype(np.int32),
             "token_id": np.concatenate([np.asarray(data.responses[i], dtype=np.int32) for i in rows]),

@@ -21,6 +21,10 @@ token's log-probability gradient with respect to the (temperature-scaled) logits
 sqrt((1 - p_a)^2 + sum_{j != a} p_j^2), with 1 - p_a = -expm1(logp) and the second sum from
 a logsumexp over the logits with the sampled one masked, which equals SPEC's
 sqrt(1 - 2 p_a + sum_j p_j^2) without its cancellation for confident tokens.
+
+``with_entropy=True`` also returns, from the same logits, the entropy of the student's full
+next-token distribution in nats (SPEC 11, the dumps' ``entropy`` column): H = -sum_j p_j log p_j
+with p the softmax of the temperature-scaled logits, float32, no gradient, no extra forward.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Packed", "pack", "response_logprobs", "split_rows", "score_rows", "autocast_for"]
+__all__ = ["Packed", "pack", "response_logprobs", "split_rows", "score_rows", "autocast_for", "entropy_from_logits"]
 
 
 @dataclass
@@ -92,11 +96,27 @@ def score_norm_from_logits(logits: Tensor, ids: Tensor, logp: Tensor, lse: Tenso
         return torch.sqrt(one_minus * one_minus + rest)
 
 
-def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0,
-                      with_score_norm: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def entropy_from_logits(logits: Tensor, lse: Tensor) -> Tensor:
+    """Entropy in nats of softmax(``logits``) per position (no grad), float32.
+
+    ``lse`` is the logsumexp already computed from the same logits: with log p_j = z_j - lse,
+    H = -sum_j p_j log p_j, a term being 0 where p_j is 0 (a masked -inf logit, or an
+    underflow).  Summing p_j log p_j rather than lse - sum_j p_j z_j avoids the cancellation of
+    two large numbers when the logits are large and the entropy small.
+    """
+    with torch.no_grad():
+        lp = logits.detach() - lse.detach().unsqueeze(-1)
+        p = torch.exp(lp)
+        return -torch.where(p > 0, p * lp, torch.zeros((), dtype=lp.dtype, device=lp.device)).sum(-1)
+
+
+def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0, with_score_norm: bool = False,
+                      with_entropy: bool = False) -> Tensor | tuple[Tensor, ...]:
     """(B, R) float32 log-probs of the response tokens (0 at padding); differentiable.
 
     With ``with_score_norm``: ``(logp, score_norm)``, the second (B, R), detached, 0 at padding.
+    With ``with_entropy``: ``(logp, score_norm or None, entropy)``, the entropy (B, R), detached,
+    0 at padding.
     """
     R = packed.response_ids.shape[1]
     out = model(
@@ -112,10 +132,13 @@ def response_logprobs(model: Any, packed: Packed, *, temperature: float = 1.0,
     picked = logits.gather(-1, packed.response_ids.unsqueeze(-1)).squeeze(-1)
     lse = torch.logsumexp(logits, dim=-1)
     logp = (picked - lse).masked_fill(~packed.response_mask, 0.0)
-    if not with_score_norm:
+    if not with_score_norm and not with_entropy:
         return logp
-    sn = score_norm_from_logits(logits, packed.response_ids, logp, lse).masked_fill(~packed.response_mask, 0.0)
-    return logp, sn
+    sn = (score_norm_from_logits(logits, packed.response_ids, logp, lse).masked_fill(~packed.response_mask, 0.0)
+          if with_score_norm else None)
+    if not with_entropy:
+        return logp, sn
+    return logp, sn, entropy_from_logits(logits, lse).masked_fill(~packed.response_mask, 0.0)
 
 
 def split_rows(rows: Sequence[int], size: int) -> list[list[int]]:
@@ -135,23 +158,30 @@ def score_rows(
     temperature: float,
     precision: str = "float32",
     score_norms: dict[int, Tensor] | None = None,
+    entropies: dict[int, Tensor] | None = None,
 ) -> dict[int, Tensor]:
     """No-grad log-probs of the response tokens of the rows named in ``micro_batches``.
 
     Returns ``{row: float32 CPU tensor}`` (rows index ``prompts``/``responses``). When a
-    ``score_norms`` dict is given, it is filled with each row's score norms (same logits).
+    ``score_norms`` (``entropies``) dict is given, it is filled with each row's score norms
+    (entropies), from the same logits.
     """
     out: dict[int, Tensor] = {}
     with torch.no_grad(), autocast_for(device, precision):
         for mb in micro_batches:
             packed = pack([prompts[i] for i in mb], [responses[i] for i in mb], pad_id=pad_id, device=device)
-            if score_norms is None:
+            if score_norms is None and entropies is None:
                 lp = response_logprobs(model, packed, temperature=temperature).cpu()
             else:
-                lp_d, sn_d = response_logprobs(model, packed, temperature=temperature, with_score_norm=True)
-                lp, sn = lp_d.cpu(), sn_d.cpu()
-                for j, i in enumerate(mb):
-                    score_norms[i] = sn[j, : packed.lengths[j]].clone()
+                got_all = response_logprobs(model, packed, temperature=temperature,
+                                            with_score_norm=score_norms is not None, with_entropy=entropies is not None)
+                lp_d, sn_d, ent_d = got_all if len(got_all) == 3 else (*got_all, None)
+                lp = lp_d.cpu()
+                for extra, got in ((score_norms, sn_d), (entropies, ent_d)):
+                    if extra is not None:
+                        got = got.cpu()
+                        for j, i in enumerate(mb):
+                            extra[i] = got[j, : packed.lengths[j]].clone()
             for j, i in enumerate(mb):
                 out[i] = lp[j, : packed.lengths[j]].clone()
     return out

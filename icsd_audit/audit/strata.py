@@ -1,0 +1,135 @@
+"""Token strata over dumps (SPEC 11): the library behind ``icsd audit strata`` and the report's strata section.
+
+Two passes.  The first reads only the covariate (``entropy``, ``logp``, ``pos`` or
+``delta``, with ``valid``) of every row group and cuts the edges from every valid token
+(8 bytes per token while the edges are cut); dumps without a ``pos`` column number the rows
+of each turn instead, which needs the ids, so that first pass reads whole batches.  The
+second is the stream of :func:`icsd_audit.audit.run.run_audit`: each batch allocated once,
+reduced to per-turn, per-bin sums and dropped; one bootstrap at the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from icsd_audit.alloc.options import required_columns, weighted_batches
+from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
+from icsd_audit.stats.budget import check_bootstrap, check_resources
+from icsd_audit.audit.run import AuditRequest, deployed_request
+from icsd_audit.stats.strata import StrataAccumulator, covariate_values, strata_edges
+from icsd_audit.stats.results import StrataResult, StrataSpec
+
+__all__ = ["run_strata", "covariate_column", "missing_covariate", "collect_covariate", "check_covariate",
+           "covariate_sample"]
+
+#: the dump column each covariate is read from
+_SOURCE = {"entropy": "entropy", "logp": "logp", "pos": "pos", "abs_delta": "delta"}
+_WHY = {"entropy": "the student's next-token entropy (SPEC 11), which `icsd train` writes",
+        "logp": "the student's log-probability of the sampled token"}
+
+
+def covariate_column(covariate: str) -> str | None:
+    """The optional dump column a covariate needs (None: every dump has what it needs)."""
+    return covariate if covariate in ("entropy", "logp") else None
+
+
+def missing_covariate(reader: DumpReader, covariate: str) -> str | None:
+    """One line naming the input files that lack the covariate's column (None when none does)."""
+    col = covariate_column(covariate)
+    if col is None:
+        return None
+    lacking = [str(p) for p, s in zip(reader.paths, reader.schemas) if col not in s.names]
+    if not lacking:
+        return None
+    shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+    return (f"--by {covariate} needs the '{col}' column ({_WHY[covariate]}), which {len(lacking)} of "
+            f"{len(reader.paths)} input file(s) lack: {shown}")
+
+
+def collect_covariate(reader: DumpReader, covariate: str) -> np.ndarray:
+    """The covariate of every valid token of ``reader``'s dumps (float64, input order): the edges' sample.
+
+    Reads only the covariate's column and ``valid`` per row group, unchecked: the checked
+    stream that follows reports a bad value with its file and row (:func:`check_covariate`).
+    """
+    names = [set(s.names) for s in reader.schemas]
+    if covariate == "pos" and not all("pos" in n for n in names):
+        # rows numbered within their turn: needs the whole batch (ids), so read batches
+        parts = [covariate_values(b.tokens, "pos")[b.tokens.valid] for b in DumpReader(reader.paths, columns=[])]
+        return np.concatenate(parts) if parts else np.zeros(0)
+    col = _SOURCE[covariate]
+    parts = []
+    for table in reader.column_groups([col, "valid"]):
+        x = table.column(col).to_numpy(zero_copy_only=False).astype(np.float64)
+        if "valid" in table.column_names:
+            x = x[table.column("valid").to_numpy(zero_copy_only=False).astype(bool)]
+        parts.append(np.abs(x) if covariate == "abs_delta" else x)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def check_covariate(reader: DumpReader, batch: TokenBatch, x: np.ndarray, covariate: str) -> None:
+    """A NaN or infinite covariate of a valid token is an input error naming its file, column and row."""
+    bad = ~np.isfinite(x) & batch.tokens.valid
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DumpError(reader.paths[int(batch.file_index[i])], "NaN value" if np.isnan(x[i]) else "infinite value",
+                        column=_SOURCE[covariate], row=int(batch.file_row[i]))
+
+
+def covariate_sample(reader: DumpReader, covariate: str) -> np.ndarray:
+    """:func:`collect_covariate`, and where it holds a non-finite value, the checked read that names it."""
+    x = collect_covariate(reader, covariate)
+    if x.size and not np.isfinite(x).all():
+        for batch in reader:
+            check_covariate(reader, batch, covariate_values(batch.tokens, covariate), covariate)
+    if x.size == 0:
+        raise DumpError(reader.paths[0] if len(reader.paths) == 1 else ", ".join(map(str, reader.paths)),
+                        "no valid token to cut into strata")
+    return x
+
+
+def run_strata(
+    paths: Sequence[str | Path],
+    req: AuditRequest | None = None,
+    *,
+    by: str,
+    bins: int | None = None,
+    top: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> StrataResult:
+    """Token strata of the dumps at ``paths`` by the covariate ``by`` (SPEC 11).
+
+    ``req``: the weightings, bootstrap options and TCM threshold (``None``: SDAR against the
+    deployed allocator with the settings the dumps record, :func:`deployed_request`);
+    ``req.by`` must be None.  ``bins``/``top`` as :class:`StrataSpec`.
+    """
+    spec = StrataSpec(by, bins, top)
+    if req is None:
+        req = deployed_request(paths)
+    if req.by is not None:
+        raise ValueError("token strata are pooled over every batch; --by names the covariate here")
+    col = covariate_column(by)
+    reader = DumpReader(paths, columns=[col] if col else [], require=required_columns(req.base.allocator,
+                                                                                      req.compare.allocator))
+    why = missing_covariate(reader, by)
+    if why is not None:
+        raise ValueError(why)
+    n_bins = spec.k if spec.k is not None else 2
+    check_bootstrap(req.n_resamples, 7 * n_bins)
+    check_resources(reader, workers=req.workers)
+    acc = StrataAccumulator(spec=spec, edges=strata_edges(covariate_sample(reader, by), spec), eps=req.eps,
+                            base_name=req.base.allocator, compare_name=req.compare.allocator)
+    n = len(reader.batch_ids)
+    for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
+                                                              workers=req.workers)):
+        x = covariate_values(batch.tokens, by)
+        check_covariate(reader, batch, x, by)
+        acc.add(batch.tokens.replace(u=u), weights, x=x)
+        if progress is not None:
+            progress(i + 1, n)
+    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
+                        rng=req.seed, workers=req.workers)
+

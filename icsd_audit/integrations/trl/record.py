@@ -1,0 +1,505 @@
+"""Record a TRL run as it trains: ``record(trainer, dump_dir)`` for GRPO, SDPO and SDFT (TRL 1.16).
+
+A researcher with a TRL run asks the paper's frozen-batch question ("on these batches, where did the
+distillation signal fight the advantage, and what would SDAR's trust or ICSD have done?") without
+switching trainers: :func:`record` takes a constructed ``GRPOTrainer``,
+``trl.experimental.sdpo.SDPOTrainer`` or ``trl.experimental.sdft.SDFTTrainer`` (or a subclass),
+returns the very same object, and from then on writes every optimizer step's completion tokens as
+schema-v1 token dumps: ``dump_dir/stepNNNNNN-rRRRRR/part-...parquet``, one committed folder per step
+and rank (:meth:`~icsd_audit.dumps.writer.DumpWriter.step`), ``batch_id`` = the optimizer step.
+
+**Training is unchanged.**  Nothing here runs a forward pass, draws a random number, touches a
+thread or determinism setting, or alters a tensor the trainer uses: the hooks read what the
+trainer computed in its loss (the student's and teacher's completion logits, the per-token
+log-probs, advantages, rewards and the per-token distillation term) and derive the columns from
+them under ``torch.no_grad()`` on detached copies.  The hooks are instance attributes of the
+trainer (its class is not changed) plus pass-through wrappers of the SDPO/SDFT modules'
+``compute_*_self_distillation_loss`` and ``apply_importance_sampling_clipping`` functions, which
+only look at their output while a recorded loss runs (a context variable says which).
+
+**Columns** (SPEC 1 plus pass-through): ``batch_id`` (the optimizer step), ``traj_id``
+(``step << 32 | rank << 20 | row``: one completion, unique within a step over every rank),
+``turn_id`` (0; with a multi-turn ``tool_mask`` each run of model tokens is a turn), ``pos``,
+``step``, ``token_id``, ``task`` (a 63-bit hash of the prompt's token ids: a GRPO group shares
+it), ``valid`` (the trainer's ``completion_mask``: completion tokens up to and including EOS;
+padding is not written), ``advantage``, ``ratio`` (``exp(logp - old_logp)`` as TRL forms it, per
+completion with ``importance_sampling_level="sequence"``), ``logp`` and ``old_logp`` (``old_logp =
+logp`` where TRL trains on-policy and skips it, as TRL does), ``teacher_logp`` (the teacher's log-prob of the sampled token from the teacher logits
+the loss computed; null outside the student's top-k in ``topk_logits`` mode and null for GRPO),
+``delta = teacher_logp - logp`` (0 where ``teacher_logp`` is null), ``reward`` (the weighted sum
+TRL normalizes into advantages; absent for SDFT), ``distill_term`` (the per-token distillation
+loss as the trainer computed it, importance-sampling clip included, times its loss mask; 0 for
+GRPO) and ``c`` (the deployed weighting: uniform 1).
+
+**Stand-ins, said in the provenance.**  GRPO has no teacher: ``teacher_logp`` null, ``delta`` 0,
+producer key ``no_teacher``.  SDFT has no advantage: ``advantage`` 0, ``ratio`` 1, producer key
+``no_advantage``.  The audit reads these keys and reports what needs the missing input as n/a
+with that reason.  The SPEC 9 ``allocator`` block is ``opsd`` (uniform, ``alloc_scope``
+mini-batch); the ``producer`` block names the trainer, its distillation mode, top-k, alpha and
+weight.
+
+Not supported (refused in one line at ``record``): a teacher served by vLLM
+(``use_teacher_server``), whose log-probs never reach the loss as logits, and GRPO's Liger loss,
+which never materializes per-token log-probs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from icsd_audit.integrations.checks import check_values
+from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
+
+__all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "ACTIVE_CAPTURE", "LossCapture", "Recorder", "TrainerKind", "record",
+           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "teacher_token_logps", "in_topk",
+           "wrap_term_functions"]
+
+#: [lowest tested, first untested) TRL versions of :func:`record`.
+TESTED_TRL = ((1, 16), (1, 17))
+#: the TRL trainer classes :func:`record` knows, by the module that defines them
+RECORDED_TRAINERS = {"GRPOTrainer": "trl.trainer.grpo_trainer", "SDPOTrainer": "trl.experimental.sdpo.sdpo_trainer",
+                     "SDFTTrainer": "trl.experimental.sdft.sdft_trainer"}
+#: functions of the SDPO/SDFT modules whose output is the per-token distillation term
+_TERM_FUNCS = ("compute_topk_self_distillation_loss", "compute_full_logit_self_distillation_loss",
+               "compute_sampled_token_self_distillation_loss")
+_CLIP_FUNC = "apply_importance_sampling_clipping"
+_ATTR = "_icsd_recorder"
+
+#: the micro-batch being recorded (set only while a recorded trainer's loss runs)
+ACTIVE_CAPTURE: contextvars.ContextVar["LossCapture | None"] = contextvars.ContextVar("icsd_trl_record", default=None)
+
+
+@dataclass(frozen=True)
+class TrainerKind:
+    """Which TRL trainer a recorder serves: its base class name and module, and what it has."""
+
+    base: str
+    module: str
+    has_teacher: bool
+    has_advantage: bool
+
+
+def trainer_kind(trainer: Any) -> TrainerKind:
+    """The :class:`TrainerKind` of ``trainer`` (a TRL trainer or subclass); ``TypeError`` for anything else."""
+    for cls in type(trainer).__mro__:
+        mod = RECORDED_TRAINERS.get(cls.__name__)
+        if mod is not None and cls.__module__ == mod:
+            return TrainerKind(base=cls.__name__, module=mod, has_teacher=cls.__name__ != "GRPOTrainer",
+                               has_advantage=cls.__name__ != "SDFTTrainer")
+    raise TypeError(f"record: {type(trainer).__name__} is not a TRL GRPOTrainer, SDPOTrainer or SDFTTrainer "
+                    "(or a subclass of one)")
+
+
+def prompt_hash(prompt_ids: Tensor, prompt_mask: Tensor) -> np.ndarray:
+    """``[B]`` int64: a 63-bit BLAKE2b hash of each row's prompt token ids (padding left out).
+
+    The same prompt gives the same id on every rank, step and run, so a GRPO group (one prompt,
+    ``num_generations`` completions) shares its ``task`` wherever its rows were trained.
+    """
+    ids = prompt_ids.detach().to("cpu", torch.int64).numpy()
+    keep = prompt_mask.detach().to("cpu").numpy().astype(bool)
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    for r in range(ids.shape[0]):  # one hash per completion (a row), never per token
+        d = hashlib.blake2b(ids[r][keep[r]].tobytes(), digest_size=8).digest()
+        out[r] = int.from_bytes(d, "little") & ((1 << 63) - 1)
+    return out
+
+
+def _trl_version() -> str:
+    import trl
+
+    return str(trl.__version__)
+
+
+def _check_version(version: str) -> None:
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts >= TESTED_TRL[1]:
+        warnings.warn(f"record: TRL {version} is newer than the versions record() was tested with (1.16.x); "
+                      "the hooks read TRL's loss internals and may miss a changed one", RuntimeWarning, stacklevel=3)
+    elif parts < TESTED_TRL[0]:
+        warnings.warn(f"record: TRL {version} is older than 1.16, the version record() was tested with; "
+                      "pip install 'icsd-audit[trl]'", RuntimeWarning, stacklevel=3)
+
+
+@dataclass
+class LossCapture:
+    """What one recorded loss call saw: filled by the hooks, read when the call returns."""
+
+    student_logits: Tensor | None = None
+    teacher_logits: Tensor | None = None
+    loss_mask: Tensor | None = None
+    term: Tensor | None = None  # the per-token distillation term, after the importance-sampling clip
+    logps: Tensor | None = None  # GRPO: per-token log-probs of its loss forward
+    #: multiplies the divergence's per-token output (ICSDSDPOTrainer's c); None records only
+    scale: Callable[[Tensor], Tensor] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def wrap_term_functions(module_name: str) -> None:
+    """Install (once per module) pass-through wrappers that hand the per-token term to the active capture."""
+    import importlib
+
+    mod = importlib.import_module(module_name)
+    for name in (*_TERM_FUNCS, _CLIP_FUNC):
+        orig = getattr(mod, name)
+        if getattr(orig, "__icsd_wrapped__", None) is not None:
+            continue
+
+        def wrapped(*args: Any, __orig: Callable[..., Tensor] = orig, __name: str = name, **kwargs: Any) -> Tensor:
+            out = __orig(*args, **kwargs)
+            cap = ACTIVE_CAPTURE.get()
+            if cap is None:
+                return out
+            if __name != _CLIP_FUNC and cap.scale is not None:
+                out = cap.scale(out)
+            cap.term = out
+            return out
+
+        wrapped.__icsd_wrapped__ = orig  # type: ignore[attr-defined]
+        wrapped.__name__, wrapped.__doc__ = orig.__name__, orig.__doc__
+        setattr(mod, name, wrapped)
+
+
+class Recorder:
+    """The per-trainer state :func:`record` attaches (``trainer._icsd_recorder``): writer, pending rows, counters."""
+
+    def __init__(self, trainer: Any, dump_dir: str | Path, kind: TrainerKind, producer: Mapping[str, Any] | None,
+                 allocation: Mapping[str, Any] | None = None):
+        self.trainer, self.kind = trainer, kind
+        self.name = type(trainer).__name__
+        acc = trainer.accelerator
+        self.rank, self.world = int(acc.process_index), int(acc.num_processes)
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.step: int | None = None
+        self.rows_in_step = 0
+        self.micro_in_step = 0
+        self.writer = dump_writer(dump_dir, rank=self.rank, world_size=self.world, producer=self.producer(producer),
+                                  allocation=allocation if allocation is not None else self.allocation(),
+                                  null_nan=("teacher_logp", "reward"))
+
+    # ------------------------------------------------------------------ provenance
+    def producer(self, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+        a = self.trainer.args
+        out: dict[str, Any] = {"name": "icsd.trl.record", "engine": "trl", "engine_version": _trl_version(),
+                               "trainer": self.name, "trainer_base": self.kind.base}
+        if self.kind.has_teacher:
+            mode = getattr(a, "distillation_mode", None)
+            out.update(distillation_mode=mode, distillation_topk=getattr(a, "distillation_topk", None),
+                       distillation_alpha=getattr(a, "distillation_alpha", None),
+                       distillation_add_tail=getattr(a, "distillation_add_tail", None),
+                       distillation_is_clip=getattr(a, "distillation_is_clip", None),
+                       distillation_weight=float(getattr(a, "distillation_weight", 1.0)),
+                       teacher_model_kind=getattr(a, "teacher_model_kind", None))
+            if mode == "topk_logits":
+                out["teacher_logp_null"] = "the sampled token is outside the student's top-k support"
+        else:
+            out["no_teacher"] = (f"{self.kind.base} trains without a teacher: teacher_logp is null and delta 0 "
+                                 "on every token")
+            out["distillation_weight"] = 0.0
+        if not self.kind.has_advantage:
+            out["no_advantage"] = (f"{self.kind.base} trains without rewards or advantages: advantage is 0 and "
+                                   "ratio 1 on every token")
+        out.update(dict(extra or {}))
+        return out
+
+    def allocation(self) -> dict[str, Any]:
+        from icsd_audit.dumps.provenance import deployed_block
+
+        ratio = "own-forward" if self.kind.has_advantage else "fixed-1"
+        return deployed_block({"allocator": "opsd", "trust": "uniform"}, alloc_scope="mini-batch",
+                              ratio_source=ratio, **{"lambda": self.producer(None)["distillation_weight"]})
+
+    # ------------------------------------------------------------------ rows
+    def batch_step(self) -> int:
+        """The optimizer step the micro-batch being computed belongs to (``state.global_step``)."""
+        step = int(self.trainer.state.global_step)
+        if self.step is not None and step != self.step and self.pending:
+            self.flush()  # a step left without on_step_end (a skipped optimizer step): publish it first
+        if step != self.step:
+            self.step, self.rows_in_step, self.micro_in_step = step, 0, 0
+        return step
+
+    def add(self, *, inputs: Mapping[str, Any], logp: Tensor, teacher_logp: Tensor | None, term: Tensor | None,
+            advantage: Tensor | None, reward: Tensor | None, c: Tensor | None = None,
+            batch_id: int | None = None, mask: Tensor | None = None) -> None:
+        """Flat columns of one micro-batch, checked, kept until the optimizer step ends."""
+        step = self.batch_step()
+        ids, cmask = inputs["completion_ids"], inputs["completion_mask"]
+        B, T = ids.shape
+        mask = (cmask if "tool_mask" not in inputs else cmask * inputs["tool_mask"]) if mask is None else mask
+        m = mask.detach().bool().cpu()
+        logp = logp.detach().float().cpu()
+        old = inputs.get("old_per_token_logps")
+        old = logp if old is None else old.detach().float().cpu()
+        where = f"{self.name} (record, step {step})"
+
+        def checked(key: str, x: Any) -> Tensor:  # a bad value stops here, naming trainer, key and row
+            return check_values(f"{where}: {key}", x, m)
+
+        checked("per-token log-probs", logp)
+        checked("inputs['old_per_token_logps']", old)
+        if self.kind.has_advantage:
+            adv = checked("inputs['advantages']", advantage.detach().float().cpu())
+            log_ratio = logp - old
+            if getattr(self.trainer, "importance_sampling_level", "token") == "sequence":  # GSPO: one per completion
+                mf = m.to(log_ratio.dtype)
+                log_ratio = ((log_ratio * mf).sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp(min=1.0)
+                             ).expand(B, T)
+            ratio = torch.exp(log_ratio)  # TRL's coef_1 from the same float32 inputs
+        else:
+            adv, ratio = torch.zeros(B), torch.ones(B, T)
+        if teacher_logp is not None:
+            t = teacher_logp.detach().float().cpu()
+            known = ~torch.isnan(t)  # NaN marks "no teacher value here" (outside a top-k): null in the dump
+            checked("teacher log-probs", torch.where(known, t, torch.zeros_like(t)))
+            delta = torch.where(known, t - logp, torch.zeros_like(t))
+        else:
+            t, delta = torch.full((B, T), float("nan")), torch.zeros(B, T)
+        term_t = torch.zeros(B, T) if term is None else term.detach().float().cpu()
+        checked("per-token distillation term", term_t)
+        turns = turn_ids_from_mask(m)
+        rows, cols = torch.nonzero(m, as_tuple=True)
+        base = (step << 32) | (self.rank << 20)
+        traj = torch.arange(B, dtype=torch.int64) + base + self.rows_in_step
+        pos = (torch.cumsum(m.long(), 1) - 1)[rows, cols]
+        task = prompt_hash(inputs["prompt_ids"], inputs["prompt_mask"])
+
+        def tok(x: Tensor) -> np.ndarray:
+            x = x.detach().cpu()
+            x = x.view(-1, 1).expand(B, T) if x.dim() == 1 else x
+            return x[rows, cols].numpy()
+
+        out = {"batch_id": np.full(rows.numel(), step if batch_id is None else batch_id, dtype=np.int64),
+               "traj_id": traj[rows].numpy(), "turn_id": turns[rows, cols].numpy().astype(np.int32),
+               "pos": pos.numpy().astype(np.int32), "step": np.full(rows.numel(), step, dtype=np.int64),
+               "token_id": ids.detach().cpu()[rows, cols].numpy().astype(np.int32), "task": task[rows.numpy()],
+               "valid": np.ones(rows.numel(), dtype=bool), "advantage": tok(adv), "ratio": tok(ratio),
+               "delta": tok(delta), "logp": tok(logp), "old_logp": tok(old), "teacher_logp": tok(t),
+               "distill_term": tok(term_t), "c": np.ones(rows.numel(), dtype=np.float32) if c is None else tok(c)}
+        if reward is not None:
+            out["reward"] = tok(reward.detach().float().cpu())
+        self.pending.append(out)
+        self.rows_in_step += B
+        self.micro_in_step += 1
+
+    def flush(self) -> Path | None:
+        """Write the step's rows as one shard in a committed step folder (nothing when the step had none)."""
+        if not self.pending or self.step is None:
+            return None
+        cols = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+        self.pending = []
+        with self.writer.step(self.step) as s:
+            self.writer.write(**cols)
+        return s.target
+
+
+def recorder_of(trainer: Any) -> Recorder | None:
+    """The :class:`Recorder` :func:`record` attached to ``trainer`` (None if it was not recorded)."""
+    return getattr(trainer, _ATTR, None)
+
+
+def _step_callback(rec: Recorder) -> Any:
+    from transformers import TrainerCallback
+
+    class _FlushOnStep(TrainerCallback):
+        """Publishes the step's rows once its optimizer step is taken (``on_step_end``)."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            rec.flush()
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            rec.flush()
+
+    return _FlushOnStep()
+
+
+def record(trainer: Any, dump_dir: str | Path, *, producer: Mapping[str, Any] | None = None) -> Any:
+    """Record ``trainer`` (a TRL ``GRPOTrainer``, ``SDPOTrainer`` or ``SDFTTrainer``) into ``dump_dir``; returns it.
+
+    From the next training step on, every optimizer step's completion tokens are written as one
+    committed step folder per rank (see the module docstring for the columns and provenance),
+    without changing what the trainer computes.  ``producer``: free keys for the dumps' SPEC 9
+    ``producer`` block (env, model, seed, ...).  A trainer recorded twice, a teacher served by
+    vLLM or GRPO's Liger loss is a ``ValueError``; a TRL version outside 1.16.x a warning.
+    """
+    kind = trainer_kind(trainer)
+    _check_version(_trl_version())
+    if recorder_of(trainer) is not None:
+        raise ValueError(f"record: this {type(trainer).__name__} is already recorded (into "
+                         f"{recorder_of(trainer).writer.out_dir})")
+    if getattr(trainer, "use_teacher_server", False):
+        raise ValueError(f"record: {type(trainer).__name__} with use_teacher_server=True is not supported: the served "
+                         "teacher's log-probs never reach the loss as logits")
+    if getattr(trainer.args, "use_liger_kernel", False):
+        raise ValueError(f"record: {type(trainer).__name__} with use_liger_kernel=True is not supported: the Liger loss "
+                         "never materializes per-token log-probs")
+    rec = Recorder(trainer, dump_dir, kind, producer, allocation=_allocation_of(trainer))
+    if kind.has_teacher:
+        wrap_term_functions(kind.module)
+        _hook_self_distillation(trainer, rec)
+    else:
+        _hook_grpo(trainer, rec)
+    setattr(trainer, _ATTR, rec)
+    trainer.add_callback(_step_callback(rec))
+    return trainer
+
+
+def _allocation_of(trainer: Any) -> Mapping[str, Any] | None:
+    """A trainer that deploys its own weighting (ICSDSDPOTrainer) says so through ``icsd_allocation``."""
+    block = getattr(trainer, "icsd_allocation", None)
+    return block() if callable(block) else None
+
+
+# ---------------------------------------------------------------------------------------- GRPO
+
+
+def _hook_grpo(trainer: Any, rec: Recorder) -> None:
+    calc, gen = trainer._calculate_rewards, trainer._generate_and_score_completions
+    logps_fn, loss_fn = trainer._get_per_token_logps_and_entropies, trainer._compute_loss
+    seen: dict[str, Tensor] = {}
+
+    def calculate_rewards(*args: Any, **kwargs: Any) -> Tensor:
+        out = calc(*args, **kwargs)
+        seen["rewards_per_func"] = out
+        return out
+
+    def generate_and_score(inputs: Any) -> dict[str, Any]:
+        seen.clear()
+        out = gen(inputs)
+        rpf = seen.pop("rewards_per_func", None)
+        if rpf is not None and trainer.model.training:
+            with torch.no_grad():  # TRL's weighted sum (sum_then_normalize), NaN where no function scored the row
+                w = trainer.reward_weights.to(rpf.device).unsqueeze(0)
+                r = (rpf * w).nansum(dim=1)
+                r[torch.isnan(rpf).all(dim=1)] = float("nan")
+                B = out["completion_ids"].size(0)
+                lo = trainer.accelerator.process_index * B
+                # travels with the rows through TRL's shuffle and split (a tensor key, like ICSDGRPOTrainer's)
+                out["icsd_record_reward"] = r[lo:lo + B].detach().clone()
+        return out
+
+    def per_token_logps(*args: Any, **kwargs: Any) -> Any:
+        res = logps_fn(*args, **kwargs)
+        cap = ACTIVE_CAPTURE.get()
+        if cap is not None and cap.logps is None:
+            cap.logps = res[0]
+        return res
+
+    def compute_loss(model: Any, inputs: dict[str, Any]) -> Tensor:
+        if not trainer.model.training:
+            return loss_fn(model, inputs)
+        cap = LossCapture()
+        token = ACTIVE_CAPTURE.set(cap)
+        try:
+            loss = loss_fn(model, inputs)
+        finally:
+            ACTIVE_CAPTURE.reset(token)
+        if cap.logps is None:
+            raise RuntimeError(f"record: {rec.name}'s loss computed no per-token log-probs through "
+                               "_get_per_token_logps_and_entropies (a TRL change?)")
+        with torch.no_grad():
+            rec.add(inputs=inputs, logp=cap.logps, teacher_logp=None, term=None, advantage=inputs["advantages"],
+                    reward=inputs.get("icsd_record_reward"))
+        return loss
+
+    trainer._calculate_rewards = calculate_rewards
+    trainer._generate_and_score_completions = generate_and_score
+    trainer._get_per_token_logps_and_entropies = per_token_logps
+    trainer._compute_loss = compute_loss
+
+
+# ---------------------------------------------------------------------------------------- SDPO / SDFT
+
+
+def sampled_token_logps(logits: Tensor, ids: Tensor) -> Tensor:
+    """``log softmax(logits)[ids]`` per token with TRL's own ``selective_log_softmax`` (no gradient)."""
+    from trl.trainer.utils import selective_log_softmax
+
+    with torch.no_grad():
+        return selective_log_softmax(logits.detach(), ids)
+
+
+def teacher_token_logps(trainer: Any, student_logits: Tensor, teacher_logits: Tensor, ids: Tensor) -> Tensor:
+    """The teacher's log-prob of each sampled token; NaN (null in the dump) outside the student's top-k support."""
+    t = sampled_token_logps(teacher_logits, ids)
+    a = trainer.args
+    if getattr(a, "distillation_mode", None) == "topk_logits" and a.distillation_topk is not None:
+        inside = in_topk(student_logits, ids, a.distillation_topk)
+        t = torch.where(inside, t, torch.full_like(t, float("nan")))
+    return t
+
+
+def in_topk(logits: Tensor, ids: Tensor, k: int) -> Tensor:
+    """``[B, T]`` bool: is ``ids`` among ``torch.topk(logits, k)``'s indices (TRL's top-k support)?
+
+    By rank, without sorting: a token with fewer than ``k`` logits above it and at most ``k``
+    at or above it is inside, one with ``k`` or more above it outside; only a tie across the
+    k-th place is settled by ``torch.topk`` itself, on those positions alone.
+    """
+    with torch.no_grad():
+        z = logits.detach()
+        mine = z.gather(-1, ids.unsqueeze(-1))
+        above, at_or_above = (z > mine).sum(-1), (z >= mine).sum(-1)
+        inside = at_or_above <= k
+        tie = (above < k) & ~inside
+        if bool(tie.any()):
+            top = torch.topk(z[tie], k=k, dim=-1).indices
+            inside[tie] = (top == ids[tie].unsqueeze(-1)).any(-1)
+    return inside
+
+
+def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:
+    loss_fn = trainer.compute_loss
+    policy_fn = getattr(trainer, "_compute_policy_loss", None)
+    distill_fn = trainer._compute_self_distillation_loss
+
+    def policy_loss(inputs: Any, student_logits: Tensor) -> Tensor:
+        cap = ACTIVE_CAPTURE.get()
+        if cap is not None:
+            cap.student_logits = student_logits
+        return policy_fn(inputs, student_logits)
+
+    def self_distillation_loss(model: Any, inputs: Any, dl: Any) -> Tensor:
+        cap = ACTIVE_CAPTURE.get()
+        if cap is not None:
+            cap.student_logits, cap.teacher_logits, cap.loss_mask = dl.student_logits, dl.teacher_logits, dl.loss_mask
+        return distill_fn(model, inputs, dl)
+
+    def compute_loss(model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        if not trainer.model.training:
+            return loss_fn(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        cap = LossCapture()
+        token = ACTIVE_CAPTURE.set(cap)
+        try:
+            loss = loss_fn(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        finally:
+            ACTIVE_CAPTURE.reset(token)
+        if cap.student_logits is None:
+            raise RuntimeError(f"record: {rec.name}'s loss passed no student logits through its policy or "
+                               "self-distillation loss (a TRL change?)")
+        ids = inputs["completion_ids"]
+        with torch.no_grad():
+            logp = sampled_token_logps(cap.student_logits, ids)
+            t = None if cap.teacher_logits is None else teacher_token_logps(trainer, cap.student_logits,
+                                                                             cap.teacher_logits, ids)
+            term = None if cap.term is None else cap.term.detach() * cap.loss_mask.detach()
+            if t is None:  # weight 0: SDPO ran no teacher forward, so there is no teacher signal to record
+                t = torch.full_like(logp, float("nan"))
+            rec.add(inputs=inputs, logp=logp, teacher_logp=t, term=term,
+                    advantage=inputs.get("advantages") if rec.kind.has_advantage else None,
+                    reward=inputs.get("rewards"), c=cap.extra.get("c"), batch_id=cap.extra.get("batch_id"))
+        return loss
+
+    if policy_fn is not None:
+        trainer._compute_policy_loss = policy_loss
+    trainer._compute_self_distillation_loss = self_distillation_loss
+    trainer.compute_loss = compute_loss
