@@ -16,7 +16,7 @@ from .apps import audit_app
 @handle_errors
 @O.allocator_options()
 def coeffs(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet file (written atomically)."),
     allocator: Optional[str] = O.ALLOCATOR,
     seed: Optional[int] = O.SEED_ALLOCATOR,

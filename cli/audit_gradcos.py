@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
@@ -18,7 +17,7 @@ from .apps import audit_app
 @handle_errors
 @O.allocator_options()
 def gradcos(
-    paths: List[Path] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns.",
+    paths: List[str] = typer.Argument(..., help="Token dumps with a 'grad' column or sketch.<layer>.out/.in columns.",
                                        readable=False),
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,

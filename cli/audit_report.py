@@ -14,7 +14,7 @@ from .apps import audit_app
 
 
 def _common(
-    paths: List[Path], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
+    paths: List[str], base: Optional[str], compare: Optional[str], settings: dict[str, Any],
     seed: Optional[int], resamples: int, confidence: float, grid: int, permutations: int, strata_bins: int = 10,
 ) -> Any:
     """Report options: SDAR against the deployed allocator with the dumps' settings, flags overriding them."""
@@ -30,7 +30,7 @@ def _common(
 @handle_errors
 @O.allocator_options()
 def figures(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (one file per figure and format)."),
     fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
     dpi: int = typer.Option(300, help="Resolution of PNG output, in dots per inch."),
@@ -67,7 +67,7 @@ def figures(
 @handle_errors
 @O.allocator_options()
 def report(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     out: Path = typer.Option(..., "--out", "-o", help="Output directory for summary.json, summary.md, report.html."),
     base: Optional[str] = O.BASE, compare: Optional[str] = O.COMPARE, seed: Optional[int] = O.SEED_PERMUTATIONS,
     resamples: int = O.RESAMPLES, confidence: float = O.CONFIDENCE, grid: int = O.GRID,
@@ -75,6 +75,7 @@ def report(
     strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
                                     help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
                                          "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
+    backend: str = O.BACKEND, ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Compute every audit statistic and write summary.json, summary.md, a
@@ -86,11 +87,15 @@ def report(
     from icsd_audit.report.build import audit_dumps, write_report
     from icsd_audit.report.results import report_owns
 
+    if backend not in ("local", "ray"):
+        raise ValueError(f"--backend must be one of local, ray, got {backend!r}")
+    if ray_address is not None and backend != "ray":
+        raise ValueError("--ray-address needs --backend ray")
     check_output_dir(out, paths, report_owns)
     set_threads()
     rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations,
                                      strata_bins),
-                      workers=thread_count())
+                      workers=thread_count(), backend=backend, ray_address=ray_address)
     write_report(rep, out)
     from icsd_audit.report.render import terminal_lines
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 import typer
@@ -39,6 +38,15 @@ def _check_by(by: Optional[str]) -> None:
 
     if by is not None and by not in (*BY_COLUMNS, BY_SETTINGS):
         raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
+
+
+def _check_backend(backend: str, ray_address: Optional[str]) -> None:
+    from icsd_audit.audit.run import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if ray_address is not None and backend != "ray":
+        raise ValueError("--ray-address needs --backend ray")
 
 
 def _triples(d: Any, prefix: str = "", by: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -94,7 +102,7 @@ def undefined_lines(payload: dict[str, Any]) -> list[str]:
     return [f"n/a for {by}={g.get('key')}: {g['undefined']}." for g in payload.get("groups", []) if g.get("undefined")]
 
 
-def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
+def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
     """``--by settings``: each group of files deployed alike, audited with its own settings."""
     from icsd_audit.audit.settings import settings_groups
     from icsd_audit.audit.run import run_audit_groups
@@ -113,7 +121,7 @@ def _run_by_settings(statistic: str, paths: List[Path], as_json: bool, flags: di
     _emit(statistic, payload, as_json)
 
 
-def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
+def _run(statistic: str, paths: List[str], as_json: bool, req: Any, **backend: Any) -> None:
     from icsd_audit.audit.run import run_audit
 
     set_threads()
@@ -121,9 +129,9 @@ def _run(statistic: str, paths: List[Path], as_json: bool, req: Any) -> None:
     if not as_json and sys.stderr.isatty():
         with stderr_console().status("reading and allocating batches") as status:
             res = run_audit(paths, req, statistics=(statistic,),
-                            progress=lambda i, n: status.update(f"batch {i}/{n}"))
+                            progress=lambda i, n: status.update(f"batch {i}/{n}"), **backend)
     else:
-        res = run_audit(paths, req, statistics=(statistic,))
+        res = run_audit(paths, req, statistics=(statistic,), **backend)
     _emit(statistic, getattr(res, statistic).to_dict(), as_json)
 
 
@@ -131,7 +139,7 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
     @handle_errors
     @O.allocator_options()
     def command(
-        paths: List[Path] = O.PATHS,
+        paths: List[str] = O.PATHS,
         base: Optional[str] = O.BASE,
         compare: Optional[str] = O.COMPARE,
         resamples: int = O.RESAMPLES,
@@ -143,16 +151,22 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         clip_eps: float = O.CLIP_EPS,
         dual_clip: float = O.DUAL_CLIP,
         as_json: bool = O.JSON,
+        backend: str = O.BACKEND,
+        ray_address: Optional[str] = O.RAY_ADDRESS,
         *, settings: dict[str, Any],
     ) -> None:
         _check_by(by)
+        _check_backend(backend, ray_address)
         flags = dict(allocator=compare, **settings, seed=seed)
         request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
         if by == BY_SETTINGS:
+            if backend != "local":
+                raise ValueError("--by settings runs on --backend local only")
             _run_by_settings(statistic, paths, as_json, flags, **request)
             return
-        _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request))
+        _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request),
+             backend=backend, ray_address=ray_address)
 
     command.__doc__ = f"{doc}\n\nExample: {example}"
     if statistic != "clip":  # --clip-eps and --dual-clip change clip's numbers only
@@ -174,7 +188,7 @@ _stat_command("clip", "Clipping exposure: tokens and mass where the clipped surr
 @handle_errors
 @O.allocator_options()
 def landscape(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     base: Optional[str] = O.BASE,
     compare: Optional[str] = O.COMPARE,
     grid: int = O.GRID,
@@ -182,6 +196,8 @@ def landscape(
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
     as_json: bool = O.JSON,
+    backend: str = O.BACKEND,
+    ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Normalized allocation intensity on the joint mid-rank grid of delta and advantage (per env), its
@@ -191,10 +207,11 @@ def landscape(
     """
     from icsd_audit.audit.run import run_landscape
 
+    _check_backend(backend, ray_address)
     set_threads()
     settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)
-    res = run_landscape(paths, req, grid=grid)
+    res = run_landscape(paths, req, grid=grid, backend=backend, ray_address=ray_address)
     base, compare = req.base.allocator, req.compare.allocator
     payload = res.to_dict()
     if as_json:

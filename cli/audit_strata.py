@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
@@ -68,7 +67,7 @@ def _table(res: Any) -> None:
 @handle_errors
 @O.allocator_options()
 def strata(
-    paths: List[Path] = O.PATHS,
+    paths: List[str] = O.PATHS,
     by: str = typer.Option(..., "--by", help="Covariate: entropy (the dumps' next-token entropy column), logp, pos "
                                              "(position in the turn's response) or abs_delta (|delta|)."),
     bins: Optional[int] = typer.Option(None, "--bins", show_default=False, callback=O.AT_LEAST_1,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import List
 
 import typer
@@ -19,7 +18,7 @@ EXIT_DIFFERS = 1
 
 @audit_app.command("verify")
 @handle_errors
-def verify(paths: List[Path] = O.PATHS, as_json: bool = O.JSON) -> None:
+def verify(paths: List[str] = O.PATHS, as_json: bool = O.JSON) -> None:
     """Recompute each batch with the settings its file records and compare with the stored g, m, c.
 
     Batches are recomputed in float64 from the stored inputs with the allocator settings each file records

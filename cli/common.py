@@ -67,7 +67,7 @@ def check_output_file(out: Any, paths: Any) -> None:
     from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_file as check
 
-    check(out, resolve_paths(paths) if paths else [])
+    check(out, _local_files(resolve_paths(paths)) if paths else [])
 
 
 def check_output_dir(out: Any, paths: Any, owned: Callable[[str], bool]) -> None:
@@ -75,7 +75,14 @@ def check_output_dir(out: Any, paths: Any, owned: Callable[[str], bool]) -> None
     from icsd_audit.dumps.reader import resolve_paths
     from icsd_audit.outputs import check_output_dir as check
 
-    check(out, resolve_paths(paths) if paths else [], owned=owned)
+    check(out, _local_files(resolve_paths(paths)) if paths else [], owned=owned)
+
+
+def _local_files(files: Any) -> list:
+    """The inputs on this machine's file system (objects of a store are never an output's local path)."""
+    from pathlib import Path
+
+    return [f for f in files if isinstance(f, Path)]
 
 
 def stderr_console() -> Any:

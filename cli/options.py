@@ -43,7 +43,8 @@ OPEN_UNIT = _checked(lambda v: 0 < v < 1, "a number in (0, 1)")
 ABOVE_1 = _checked(lambda v: math.isfinite(v) and v > 1, "a finite number > 1")
 
 # readable=False: the reader reports an unreadable input as one ``FILE: ...`` line like every other error
-PATHS = typer.Argument(..., help="Parquet files or directories of token dumps.", readable=False)
+PATHS = typer.Argument(..., help="Parquet files or directories of token dumps, or URLs of a store (s3://, gs://, "
+                                     "hf://, memory://; the cloud extra).", readable=False)
 # Allocator settings default to what the dumps record as deployed (SPEC 9, their `allocator` block), else to
 # SPEC's defaults (named in each help); a flag given replaces the recorded value, and says so on one stderr line.
 _DEPLOYED = "(default: as deployed, recorded in the dumps; else {})"
@@ -114,3 +115,8 @@ PERMUTATIONS = typer.Option(20, "--permutations", help="Shuffles of the ICSD sco
 GRID = typer.Option(20, help="Landscape grid size, in bins per rank axis (20: a 20 x 20 grid of rank cells; at most "
                     "1000).", callback=AT_LEAST_1)
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
+BACKEND = typer.Option("local", "--backend", help="Where the per-batch work runs: local (threads here) or ray (one Ray "
+                                                  "task per batch; the ray extra). The same numbers either way.")
+RAY_ADDRESS = typer.Option(None, "--ray-address", show_default=False,
+                           help="Ray cluster for --backend ray (auto, HOST:PORT, ray://...; default: a local cluster "
+                                "with ICSD_THREADS CPUs).")

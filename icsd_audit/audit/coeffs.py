@@ -86,7 +86,7 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     ``opts``: the allocator settings; ``None`` recomputes what was deployed, with the
     settings the dumps record (:func:`~icsd_audit.audit.settings.deployed_options`).
     """
-    out = check_output_file(out, resolve_paths(paths) if paths else [])
+    out = check_output_file(out, [f for f in resolve_paths(paths) if isinstance(f, Path)] if paths else [])
     if opts is None:
         from icsd_audit.audit.settings import deployed_options
 

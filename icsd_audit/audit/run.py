@@ -18,14 +18,15 @@ import numpy as np
 
 from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.alloc.options import AllocatorOptions, required_columns, weighted_batches
-from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
-from icsd_audit.stats.api import AuditAccumulator, AuditResults, GroupedResult, LandscapeAccumulator, LandscapeResult
+from icsd_audit.dumps.reader import DumpReader, prefetch
+from icsd_audit.stats.api import AuditResults, GroupedResult, LandscapeAccumulator, LandscapeResult
 from icsd_audit.stats.landscape import LandscapeRanks
 from icsd_audit.stats.budget import (LANDSCAPE_STATISTICS, audit_statistic_count, check_bootstrap, check_grid,
                                      check_resources)
+from icsd_audit.audit.batches import add_batch, new_accumulator
 from icsd_audit.audit.threads import single_threaded_maths
 
-__all__ = ["AuditRequest", "run_audit", "run_audit_groups", "run_landscape", "landscape_ranks", "deployed_request",
+__all__ = ["AuditRequest", "BACKENDS", "run_audit", "run_audit_groups", "run_landscape", "landscape_ranks", "deployed_request",
            "BY_COLUMNS"]
 
 BY_COLUMNS = ("step", "env", "task")
@@ -61,12 +62,7 @@ def deployed_request(paths: Sequence[str | Path], **options: Any) -> AuditReques
     return AuditRequest(base=base, compare=compare, eps=compare.eps, **options)
 
 
-def _group_key(batch: TokenBatch, by: str | None, path: str) -> np.ndarray | None:
-    if by is None:
-        return None
-    if by not in batch.tokens.columns:
-        raise DumpError(path, f"--by {by} needs this column, which the dump lacks", column=by)
-    return batch.tokens.columns[by]
+BACKENDS = ("local", "ray")
 
 
 @single_threaded_maths
@@ -76,12 +72,19 @@ def run_audit(
     *,
     statistics: Sequence[str],
     progress: Callable[[int, int], None] | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> AuditResults:
     """Stream every batch of ``paths`` into one accumulator and bootstrap once.
 
     ``req=None``: SDAR against the deployed allocator, with the settings the dumps
-    record (:func:`deployed_request`).
+    record (:func:`deployed_request`). ``backend="ray"``: each batch is read, allocated
+    and reduced by a Ray task (:mod:`icsd_audit.audit.ray_backend`; ``ray_address``: the
+    cluster, default a local one with ``req.workers`` CPUs), merged here in batch order:
+    the same bits as ``"local"``.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if req is None:
         req = deployed_request(paths)
     n_stat = audit_statistic_count(tuple(statistics), req.n_bins)
@@ -91,15 +94,22 @@ def run_audit(
     check_resources(reader, workers=req.workers)
     if req.unit == "batch":
         check_bootstrap(req.n_resamples, n_stat, n_batches=len(reader.batch_ids))
-    acc = AuditAccumulator(statistics=tuple(statistics), eps=req.eps, clip_eps=req.clip_eps, dual_clip=req.dual_clip,
-                           n_bins=req.n_bins, base_name=req.base.allocator, compare_name=req.compare.allocator, by=req.by)
+    acc = new_accumulator(req, statistics)
     n = len(reader.batch_ids)
-    for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
-                                                              workers=req.workers)):
-        acc.add(batch.tokens.replace(u=u), weights,
-                group=_group_key(batch, req.by, str(reader.paths[int(batch.file_index[0])])))
-        if progress is not None:
-            progress(i + 1, n)
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import batch_part, ray_parts
+
+        for i, part in enumerate(ray_parts(batch_part, paths, (req, acc.statistics), reader.batch_ids,
+                                           address=ray_address, workers=req.workers)):
+            acc.merge(part)
+            if progress is not None:
+                progress(i + 1, n)
+    else:
+        for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
+                                                                  workers=req.workers)):
+            add_batch(acc, reader, req, batch, weights, u)
+            if progress is not None:
+                progress(i + 1, n)
     return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
                         rng=req.seed, workers=req.workers)
 
@@ -144,14 +154,19 @@ def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequ
 
 
 @single_threaded_maths
-def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20) -> LandscapeResult:
+def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, *, grid: int = 20,
+                  backend: str = "local", ray_address: str | None = None) -> LandscapeResult:
     """Allocation intensity on the joint mid-rank grid (per ``env`` when the dumps carry it).
 
     Two passes: the exact mid-rank edges from the values (:func:`landscape_ranks`),
     then the allocated batches reduced to grid sums and per-turn region sums as they
     stream, so memory stays a few floats per turn plus 4 bytes per token during the
     first pass.  ``req=None``: SDAR against the deployed allocator (:func:`deployed_request`).
+    ``backend="ray"``: the second pass's batches as Ray tasks, merged here in batch order
+    (the first pass runs here), the same bits as ``"local"``.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     check_grid(grid)
     if req is None:
         req = deployed_request(paths)
@@ -160,7 +175,14 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, 
     check_resources(reader, workers=req.workers, landscape=True)
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
                                ranks=landscape_ranks(reader, grid))
-    for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
-        acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import landscape_part, ray_parts
+
+        for part in ray_parts(landscape_part, paths, (req, acc.ranks, grid), reader.batch_ids, address=ray_address,
+                              workers=req.workers):
+            acc.merge(part)
+    else:
+        for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
+            acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
     return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
                         workers=req.workers)

@@ -18,9 +18,7 @@ audit that applies them, :mod:`icsd_audit.audit.settings`).
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
 import warnings
 from collections import OrderedDict
@@ -35,6 +33,8 @@ import pyarrow.parquet as pq
 from icsd_audit.data_schemas import load_schema
 from icsd_audit.dumps.columns import (INT_COLS, OPTIONAL_FLOATS, REQUIRED, DumpError, DumpWarning,
                                       check_duplicates, check_types, check_values, first_line, to_tokens)
+from icsd_audit.dumps.resolve import resolve_paths
+from icsd_audit.dumps.store import StoreFile, is_url, local_path
 from icsd_audit.parquet_io import CorruptRowGroup, open_file, read_row_group
 from icsd_audit.tokens import Tokens
 
@@ -45,94 +45,8 @@ _SCHEMA = load_schema(1)
 METADATA_KEY: str = _SCHEMA["metadata_key"]
 _SCHEMA_NAME = "icsd.token_dump"
 _MAJOR = 1
-#: hidden scratch directories of icsd writers (``.NAME.icsd-KIND-HOST-PID-*``, and ``.icsd-coeffs-*`` of older versions)
-_SCRATCH = re.compile(r"\..*icsd-[a-z]+-.*")
-#: a step that a DumpWriter staged and has not committed (dumps/writer.py)
-_STAGED_STEP = re.compile(r"\.(?P<name>.+)\.icsd-step-.*")
 #: the rank in a DumpWriter shard name (``part-000003-r00001.parquet``)
 _RANK_TAG = re.compile(r".*-(?P<rank>r\d{5})\.parquet")
-def _unreadable(path: Path, what: str) -> DumpError:
-    return DumpError(path, f"permission denied: cannot read this {what}")
-
-
-def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files as given, directories expanded to every ``*.parquet`` below them in sorted order.
-
-    Hidden scratch directories of icsd writers are skipped.  An unreadable file or
-    directory, a broken ``*.parquet`` link, a directory link that loops back to a
-    directory holding it, and a file reached twice (given twice, or through a link)
-    are each an error naming the path (never silently skipped, never read twice).
-    """
-    if not paths:
-        raise DumpError("<input>", "no input paths given")
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            if not os.access(p, os.R_OK | os.X_OK):
-                raise _unreadable(p, "directory")
-            found = _walk(p)
-            if not found:
-                raise DumpError(p, "directory holds no *.parquet files")
-            out.extend(sorted(found))
-        elif p.is_file():
-            out.append(p)
-        elif os.path.lexists(p):
-            raise _broken_link(p)
-        else:
-            raise DumpError(p, "no such file or directory")
-    seen: dict[tuple[int, int], Path] = {}
-    for f in out:
-        if not os.access(f, os.R_OK):
-            raise _unreadable(f, "file")
-        st = f.stat()
-        first = seen.setdefault((st.st_dev, st.st_ino), f)
-        if first is not f:
-            how = "given twice" if os.path.abspath(first) == os.path.abspath(f) else f"the same file as {first}"
-            raise DumpError(f, f"{how}; its rows would count twice, so give each file once")
-    return out
-
-
-def _broken_link(p: Path) -> DumpError:
-    """A symbolic link that leads nowhere: its target missing, or a loop of links."""
-    try:
-        os.stat(p)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return DumpError(p, "symbolic link loop (the link resolves to itself)")
-    return DumpError(p, f"broken symbolic link (its target {os.readlink(p)} does not exist)")
-
-
-def _walk(top: Path) -> list[Path]:
-    """Every ``*.parquet`` file below ``top``, following directory links but refusing loops."""
-    found: list[Path] = []
-
-    def fail(exc: OSError) -> None:
-        raise _unreadable(Path(exc.filename or top), "directory") from None
-
-    for d, dirs, files in os.walk(top, onerror=fail, followlinks=True):
-        for x in sorted(dirs):
-            if m := _STAGED_STEP.fullmatch(x):
-                warnings.warn(f"{Path(d) / x}: uncommitted {m.group('name')} (its writer stopped before committing it, "
-                              "or is writing it now): ignored", DumpWarning, stacklevel=3)
-        dirs[:] = [x for x in dirs if not _SCRATCH.fullmatch(x)]
-        here = os.path.realpath(d)
-        for x in dirs:
-            link = os.path.join(d, x)
-            if os.path.islink(link):
-                real = os.path.realpath(link)
-                if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
-                    raise DumpError(link, f"symbolic link loop: it points to {os.readlink(link)}, a directory that "
-                                          "holds the link; remove the link or give the directories separately")
-        for f in files:
-            path = os.path.join(d, f)
-            if not f.endswith(".parquet"):
-                continue
-            if os.path.isfile(path):
-                found.append(Path(path))
-            elif os.path.islink(path) and not os.path.exists(path):
-                raise _broken_link(Path(path))
-    return found
 
 
 def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
@@ -159,10 +73,18 @@ def _parse_metadata(path: Path | str, kv: dict | None) -> dict | None:
     return meta
 
 
-def read_metadata(path: Path | str) -> dict:
+def _read_schema(path: Path | str | StoreFile) -> pa.Schema:
+    if isinstance(path, StoreFile):
+        return pq.read_schema(path.path, filesystem=path.fs)
+    if is_url(path) and local_path(path) is None:
+        return _read_schema(resolve_paths([path])[0])
+    return pq.read_schema(local_path(path))
+
+
+def read_metadata(path: Path | str | StoreFile) -> dict:
     """The checked ``icsd.dump`` JSON blob of one file ({} when absent)."""
     try:
-        kv = pq.read_schema(path).metadata
+        kv = _read_schema(path).metadata
     except (pa.ArrowException, OSError) as exc:
         raise DumpError(path, f"not a readable Parquet file ({first_line(exc)})") from None
     return _parse_metadata(path, kv) or {}
@@ -198,7 +120,7 @@ def schema_names(paths: Sequence[str | Path]) -> set[str]:
     names: set[str] = set()
     for path in resolve_paths(paths):
         try:
-            names.update(pq.read_schema(path).names)
+            names.update(_read_schema(path).names)
         except (pa.ArrowException, OSError) as exc:
             raise DumpError(path, f"not a readable Parquet file ({first_line(exc)})") from None
     return names
@@ -251,7 +173,7 @@ class DumpReader:
         opened = []
         for path in resolve_paths(paths):
             try:
-                pf = open_file(path)
+                pf = open_file(path.open() if isinstance(path, StoreFile) else path)
             except (pa.ArrowException, OSError) as exc:
                 raise DumpError(path, f"not a readable Parquet file ({first_line(exc)})") from None
             check_types(path, pf.schema_arrow, require)
@@ -368,33 +290,40 @@ class DumpReader:
         return table
 
     def __iter__(self) -> Iterator[TokenBatch]:
-        for b, gnos in self._batches.items():
-            parts, fidx, frow, grow = [], [], [], []
-            for gno in gnos:
-                grp = self._groups[gno]
-                table = self._load(gno)
-                ids = table.column("batch_id").to_numpy()
-                if ids[0] == b and ids[-1] == b and (ids == b).all():
-                    # the whole row group (the usual case): no copy, and no pyarrow.compute import
-                    sel = np.arange(table.num_rows)
-                    parts.append(table)
-                else:
-                    sel = np.flatnonzero(ids == b)
-                    parts.append(table.take(pa.array(sel)))
-                fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
-                frow.append(grp.file_offset + sel)
-                grow.append(grp.global_offset + sel)
-            table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-            batch = TokenBatch(
-                batch_id=b,
-                tokens=to_tokens(table, self._extra),
-                table=table,
-                file_index=np.concatenate(fidx),
-                file_row=np.concatenate(frow),
-                global_row=np.concatenate(grow),
-            )
-            check_duplicates(self.paths, batch)
-            yield batch
+        for b in self._batches:
+            yield self.batch(b)
+
+    def batch(self, b: int) -> TokenBatch:
+        """The validated batch ``b`` alone (reads only the row groups holding it)."""
+        if b not in self._batches:
+            raise KeyError(f"no batch {b} in these dumps")
+        gnos = self._batches[b]
+        parts, fidx, frow, grow = [], [], [], []
+        for gno in gnos:
+            grp = self._groups[gno]
+            table = self._load(gno)
+            ids = table.column("batch_id").to_numpy()
+            if ids[0] == b and ids[-1] == b and (ids == b).all():
+                # the whole row group (the usual case): no copy, and no pyarrow.compute import
+                sel = np.arange(table.num_rows)
+                parts.append(table)
+            else:
+                sel = np.flatnonzero(ids == b)
+                parts.append(table.take(pa.array(sel)))
+            fidx.append(np.full(sel.size, grp.file, dtype=np.int32))
+            frow.append(grp.file_offset + sel)
+            grow.append(grp.global_offset + sel)
+        table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        batch = TokenBatch(
+            batch_id=b,
+            tokens=to_tokens(table, self._extra),
+            table=table,
+            file_index=np.concatenate(fidx),
+            file_row=np.concatenate(frow),
+            global_row=np.concatenate(grow),
+        )
+        check_duplicates(self.paths, batch)
+        return batch
 
 
 def _drop_superseded(opened: list) -> list:

@@ -7,6 +7,11 @@ position) and writes one zstd shard per call through a temporary file and a rena
 so a crash never leaves a half-written shard where a reader would find it. Every page
 carries a checksum (:mod:`icsd_audit.parquet_io`).
 
+``out_dir`` may be a URL of an object store (``s3://``, ``gs://``, ``hf://``, ``memory://``;
+:mod:`icsd_audit.dumps.store`): each shard is then one PUT of its complete bytes after
+a check that its name is free, and a step commits by a marker object written last
+(step shards carry the writer's session in their names), since a store has no rename.
+
 A shard never replaces an existing file: it is published with a hard link, which
 fails when the name is taken (then the next sequence number is tried).  Names are
 ``{prefix}-{seq:06d}-{tag}.parquet`` with ``tag`` the writer's ``rank`` (``r00003``)
@@ -41,6 +46,7 @@ import pyarrow as pa
 
 from icsd_audit.dumps.provenance import allocator_block, json_safe, producer_block
 from icsd_audit.dumps.reader import METADATA_KEY
+from icsd_audit.dumps.store import StoreError, local_path, marker_name, put_new, store_of
 from icsd_audit.parquet_io import write_table
 
 __all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
@@ -85,10 +91,7 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     path.parent.mkdir(parents=True, exist_ok=True)
     if exclusive and os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, "shard exists; a dump writer never replaces a file", str(path))
-    if metadata is not None:
-        kv = dict(table.schema.metadata or {})
-        kv[METADATA_KEY.encode()] = json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
-        table = table.replace_schema_metadata(kv)
+    table = _with_metadata(table, metadata)
     from icsd_audit.outputs import temp_prefix
 
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path, "shard"), dir=path.parent)
@@ -112,6 +115,24 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _with_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:
+    if metadata is None:
+        return table
+    kv = dict(table.schema.metadata or {})
+    kv[METADATA_KEY.encode()] = json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
+    return table.replace_schema_metadata(kv)
+
+
+def _shard_bytes(table: pa.Table, *, metadata: Mapping[str, Any] | None, row_group_size: int,
+                 compression: str = "zstd") -> bytes:
+    """A complete shard in memory, for a store where an object is created by one PUT."""
+    table = _with_metadata(table, metadata)
+    sink = pa.BufferOutputStream()
+    write_table(table, sink, row_group_size=row_group_size, compression=compression,
+                use_dictionary=dictionary_columns(table.schema))
+    return sink.getvalue().to_pybytes()
 
 
 def _publish_exclusive(tmp: str, path: Path) -> None:
@@ -167,7 +188,9 @@ class DumpWriter:
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         if allocation is not None and allocator is not None:
             raise ValueError("give the deployed settings once: allocation= (allocator= is its older name)")
-        self.out_dir = Path(out_dir)
+        local = local_path(out_dir)
+        self._store: tuple[Any, str] | None = None if local is not None else store_of(str(out_dir))
+        self.out_dir: Path | str = local if local is not None else str(out_dir).rstrip("/")
         prod = producer_block(producer, rank=None if rank is None else int(rank), world_size=world_size)
         self.metadata = dump_metadata(producer=prod, synthetic=synthetic,
                                       allocator=allocation if allocation is not None else allocator,
@@ -178,19 +201,59 @@ class DumpWriter:
         self.null_nan = frozenset(null_nan)
         self.rank = None if rank is None else int(rank)
         self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
+        self._stage: Path | str | None = None
+        self._taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
+        if self._store is not None:
+            # a step's shards and its commit marker carry this (dumps/store.py): unique to this writer
+            self._commit_id = secrets.token_hex(8)
+            self._staged_names: list[str] = []
+            self._seq = self._next_seq(self._store[1])
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         from icsd_audit.outputs import remove_stale
 
         remove_stale(self.out_dir)  # shards and staged steps of writers killed in this folder
-        self._stage: Path | None = None
-        taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
-        seqs = [int(m.group(1)) for q in self.out_dir.iterdir() if (m := taken.fullmatch(q.name))]
+        seqs = [int(m.group(1)) for q in self.out_dir.iterdir() if (m := self._taken.fullmatch(q.name))]
         self._seq = max(seqs) + 1 if seqs else 0
+
+    def _next_seq(self, folder: str) -> int:
+        """One past the largest shard number in a store's ``folder`` (0 when it holds none or does not exist)."""
+        fs = self._store[0]
+        try:
+            names = [x.rstrip("/").rsplit("/", 1)[-1] for x in fs.ls(folder, detail=False)]
+        except FileNotFoundError:
+            names = []
+        except OSError as exc:
+            raise StoreError(str(self.out_dir), f"cannot list this location ({exc})") from None
+        seqs = [int(m.group(1)) for q in names if (m := self._taken.fullmatch(q))]
+        return max(seqs) + 1 if seqs else 0
+
+    def _write_remote(self, table: pa.Table, meta: Mapping[str, Any], name: str | None) -> str:
+        fs, root = self._store
+        folder = self._stage if self._stage is not None else str(self.out_dir)
+        fpath = root + folder[len(str(self.out_dir)):]
+        data = _shard_bytes(table, metadata=meta, row_group_size=self.row_group_size)
+        # the writer's id in every name (``-s``: a step shard, taken once its marker names it; ``-w``: a lone shard)
+        session = f"-{'s' if self._stage is not None else 'w'}{self._commit_id}"
+        while True:
+            shard = name if name is not None else f"{self.prefix}-{self._seq:06d}{session}-{self.tag}.parquet"
+            try:
+                put_new(fs, f"{fpath}/{shard}", data, f"{folder}/{shard}")
+            except FileExistsError:
+                if name is not None:
+                    raise
+                self._seq += 1
+                continue  # another writer holds this name: take the next
+            if name is None:
+                self._seq += 1
+            if self._stage is not None:
+                self._staged_names.append(shard)
+            return f"{folder}/{shard}"
 
     def write(self, *, batch_id: Any, traj_id: Any, turn_id: Any, advantage: Any, ratio: Any, delta: Any,
               mask: Any = None, name: str | None = None, allocation: Mapping[str, Any] | Any = None,
-              **columns: Any) -> Path:
-        """Write one shard and return its path (never replacing an existing file).
+              **columns: Any) -> Path | str:
+        """Write one shard and return its path (its URL on a store; never replacing an existing file).
 
         An explicit ``name`` that exists raises :class:`FileExistsError`.  With ``mask`` (shape ``(B, T)``), every 2-D input is read at the masked
         positions, 1-D inputs of length ``B`` are per-row values, and ``pos``
@@ -204,6 +267,8 @@ class DumpWriter:
         arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))
         order = np.lexsort(tuple(arrays[k] for k in ("pos", "turn_id", "traj_id", "batch_id") if k in arrays))
         table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
+        if self._store is not None:
+            return self._write_remote(table, meta, name)
         write = dict(metadata=meta, row_group_size=self.row_group_size, exclusive=True)
         folder = self._stage if self._stage is not None else self.out_dir
         if name is not None:
@@ -225,6 +290,10 @@ class DumpWriter:
         """
         if self._stage is not None:
             raise RuntimeError("DumpWriter.step: the previous step is neither committed nor discarded")
+        if self._store is not None:
+            folder = step_folder_name(step, self.rank)
+            self._seq = max(self._seq, self._next_seq(f"{self._store[1]}/{folder}"))
+            return StepCommit(self, f"{self.out_dir}/{folder}")
         return StepCommit(self, self.out_dir / step_folder_name(step, self.rank))
 
     def _flatten(self, cols: dict[str, Any], mask: np.ndarray | None) -> dict[str, np.ndarray]:
@@ -276,22 +345,43 @@ def step_folder_name(step: int, rank: int | None = None) -> str:
 class StepCommit:
     """One staged step of a :class:`DumpWriter` (see :meth:`DumpWriter.step`)."""
 
-    def __init__(self, writer: DumpWriter, target: Path):
-        from icsd_audit.outputs import staging_dir
-
+    def __init__(self, writer: DumpWriter, target: Path | str):
         self.writer, self.target = writer, target
-        self.staged = staging_dir(target, "step")
+        if isinstance(target, str):  # a store: shards go straight into the step folder, named by this writer
+            self.staged: Path | str = target
+            writer._staged_names = []
+        else:
+            from icsd_audit.outputs import staging_dir
+
+            self.staged = staging_dir(target, "step")
         writer._stage = self.staged
 
-    def commit(self) -> Path | None:
+    def _commit_remote(self) -> str | None:
+        """Write the commit marker (last): the reader takes the step's shards from now on."""
+        w = self.writer
+        names, w._staged_names = list(w._staged_names), []
+        if not names:
+            return None
+        fs, root = w._store
+        marker = marker_name(w._commit_id)
+        folder = root + str(self.target)[len(str(w.out_dir)):]
+        blob = json.dumps({"schema": "icsd.step_commit", "version": 1, "shards": names}, sort_keys=True).encode()
+        put_new(fs, f"{folder}/{marker}", blob, f"{self.target}/{marker}")
+        return str(self.target)
+
+    def commit(self) -> Path | str | None:
         """Publish the staged shards as ``target`` in one rename; None when the step wrote none.
 
         A committed step of the same name (a resumed run redoing it) is replaced: swapped
-        out atomically where the file system allows, then removed.
+        out atomically where the file system allows, then removed. On a store: the commit
+        marker listing the step's shards is written (a resumed run's later shards of a
+        batch supersede the earlier ones, as for re-written batches).
         """
         from icsd_audit.outputs import exchange_paths, staging_dir
 
         self.writer._stage = None
+        if isinstance(self.target, str):
+            return self._commit_remote()
         if not any(self.staged.iterdir()):
             shutil.rmtree(self.staged, ignore_errors=True)
             return None
@@ -313,6 +403,16 @@ class StepCommit:
     def discard(self) -> None:
         """Drop the staged shards: nothing of this step is published."""
         self.writer._stage = None
+        if isinstance(self.target, str):  # no marker names them: no reader takes them, removed as a courtesy
+            w = self.writer
+            names, w._staged_names = list(w._staged_names), []
+            folder = w._store[1] + str(self.target)[len(str(w.out_dir)):]
+            for n in names:
+                try:
+                    w._store[0].rm_file(f"{folder}/{n}")
+                except OSError:
+                    pass
+            return
         shutil.rmtree(self.staged, ignore_errors=True)
 
     def __enter__(self) -> "StepCommit":

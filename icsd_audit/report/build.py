@@ -87,8 +87,78 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
     }
 
 
+class _Stream:
+    """What the report's stream reduces each batch into: the accumulators and the token count."""
+
+    def __init__(self, opts: ReportOptions, ranks: Any, strata: ReportStrata, *, per_step: bool,
+                 sketch_cols: Sequence[str]):
+        acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
+                      compare_name=opts.compare)
+        self.pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
+        # the per-step curve needs two steps: one-step dumps skip its accumulator (a fifth of the stream's time)
+        self.per_step = AuditAccumulator(statistics=("tcm",), by="step", **acc_kw) if per_step else None
+        self.land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare, ranks=ranks)
+        self.with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
+        self.cos_rows = CosineRows(with_perm=self.with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
+        self.strata = strata
+        self.n_tokens = self.n_batches = 0
+
+    def add(self, batch: TokenBatch, weights: Any, u: np.ndarray, reader: DumpReader, opts: ReportOptions,
+            names: set[str], sketch_cols: Sequence[str]) -> None:
+        tokens = batch.tokens
+        self.pooled.add(tokens, weights)
+        self.strata.add(reader, batch, weights, u)
+        if self.per_step is not None:
+            self.per_step.add(tokens, weights, group=_column(batch, reader, "step"))
+        self.land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
+        if sketch_cols:
+            perm = (permutation_matrix(tokens, opts.allocator(opts.compare), opts.permutations, opts.seed)
+                    if self.with_perm else None)
+            source = batch_source(batch, reader.paths[int(batch.file_index[0])], paths=reader.paths)
+            cos, jack = batch_cosines(tokens, weights, source, perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip,
+                                      blocks=opts.jackknife_blocks)
+            self.cos_rows.add(batch.batch_id, tokens, cos, jack)
+        self.n_tokens += int(tokens.valid.sum())
+        self.n_batches += 1
+
+    def merge(self, part: "_Stream") -> None:
+        """A one-batch stream's sums after these (the bits of adding that batch here)."""
+        self.pooled.merge(part.pooled)
+        if self.per_step is not None:
+            self.per_step.merge(part.per_step)
+        self.land.merge(part.land)
+        self.strata.merge(part.strata)
+        c, q = self.cos_rows, part.cos_rows
+        c.ids += q.ids
+        c.rows += q.rows
+        c.jack += q.jack
+        c.skipped += q.skipped
+        self.n_tokens += part.n_tokens
+        self.n_batches += part.n_batches
+
+
+def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, strata: ReportStrata, per_step: bool,
+                sketch_cols: Sequence[str], strata_cols: Sequence[str], names: set[str], batch_id: int) -> _Stream:
+    """One batch of the report's stream on its own (what a Ray task runs; merged in batch order)."""
+    import warnings
+
+    from icsd_audit.audit.ray_backend import worker_reader
+    from icsd_audit.audit.threads import one_intra_op_thread
+
+    with one_intra_op_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the driver has shown them
+        reader = worker_reader(paths, ("step", "env", *strata_cols, *sketch_cols),
+                               tuple(required_columns(opts.base, opts.compare)))
+        out = _Stream(opts, ranks, strata.fresh(), per_step=per_step, sketch_cols=sketch_cols)
+        for batch, weights, u in weighted_batches([reader.batch(batch_id)], opts.allocator(opts.base),
+                                                  opts.allocator(opts.compare)):
+            out.add(batch, weights, u, reader, opts, names, sketch_cols)
+    return out
+
+
 @single_threaded_maths
-def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None, *, workers: int = 1) -> AuditReport:
+def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = None, *, workers: int = 1,
+                backend: str = "local", ray_address: str | None = None) -> AuditReport:
     """Stream the dumps once (after a light first pass for the landscape's ranks) and compute every statistic.
 
     First pass: delta and advantage only, for the landscape's exact mid-rank edges
@@ -103,7 +173,11 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     bootstrap processes; never changes a value.  ``options=None``: SDAR against the
     deployed allocator with the settings the dumps record (SPEC 9);
     ``ReportOptions.deployed(*audit_settings(paths, trust=...).pair())`` overrides some.
+    ``backend="ray"``: each batch of the stream is a Ray task (:func:`report_part`), merged
+    here in batch order (the first pass and the bootstrap run here): the same numbers.
     """
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend must be one of local, ray, got {backend!r}")
     from icsd_audit.stats.bootstrap import bootstrap_ratio_families
     from icsd_audit.audit.run import landscape_ranks
 
@@ -120,35 +194,23 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
                         require=required_columns(opts.base, opts.compare))
     check_resources(reader, workers=workers, landscape=True, permutations=opts.permutations if sketch_cols else None,
                     n_resamples=opts.n_resamples)
-    acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
-                  compare_name=opts.compare)
     steps: set[Any] = set()  # two or more values iff the valid tokens span two or more steps
     ranks = landscape_ranks(reader, opts.grid, steps=steps if "step" in names else None)
     strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare, bins=opts.strata_bins)
     _release_freed_memory()
-    pooled = AuditAccumulator(n_bins=opts.n_bins, **acc_kw)
-    # the per-step curve needs two steps: one-step dumps skip its accumulator (a fifth of the stream's time)
-    per_step = AuditAccumulator(statistics=("tcm",), by="step", **acc_kw) if len(steps) >= 2 else None
-    land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare, ranks=ranks)
-    with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
-    cos_rows = CosineRows(with_perm=with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
-    n_tokens = n_batches = 0
-    for batch, weights, u in weighted_batches(prefetch(reader), opts.allocator(opts.base), opts.allocator(opts.compare),
-                                              workers=workers):
-        tokens = batch.tokens
-        pooled.add(tokens, weights)
-        strata.add(reader, batch, weights, u)
-        if per_step is not None:
-            per_step.add(tokens, weights, group=_column(batch, reader, "step"))
-        land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
-        if sketch_cols:
-            perm = permutation_matrix(tokens, opts.allocator(opts.compare), opts.permutations, opts.seed) if with_perm else None
-            source = batch_source(batch, reader.paths[int(batch.file_index[0])], paths=reader.paths)
-            cos, jack = batch_cosines(tokens, weights, source, perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip,
-                                      blocks=opts.jackknife_blocks)
-            cos_rows.add(batch.batch_id, tokens, cos, jack)
-        n_tokens += int(tokens.valid.sum())
-        n_batches += 1
+    stream = _Stream(opts, ranks, strata, per_step=len(steps) >= 2, sketch_cols=sketch_cols)
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import ray_parts
+
+        for part in ray_parts(report_part, paths, (opts, ranks, strata, len(steps) >= 2, sketch_cols, strata_cols,
+                                                   names), reader.batch_ids, address=ray_address, workers=workers):
+            stream.merge(part)
+    else:
+        for batch, weights, u in weighted_batches(prefetch(reader), opts.allocator(opts.base),
+                                                  opts.allocator(opts.compare), workers=workers):
+            stream.add(batch, weights, u, reader, opts, names, sketch_cols)
+    pooled, per_step, land, cos_rows = stream.pooled, stream.per_step, stream.land, stream.cos_rows
+    with_perm, n_tokens, n_batches = stream.with_perm, stream.n_tokens, stream.n_batches
     omitted = _omitted(sketch_cols, cos_rows, "step" in names, steps)
     if strata.reason is not None:
         omitted["strata"] = strata.reason

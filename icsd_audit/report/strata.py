@@ -62,6 +62,19 @@ class ReportStrata:
         for acc in self.accs:
             acc.add(tokens, weights, x=x)
 
+    def fresh(self) -> "ReportStrata":
+        """An empty copy on the same covariate and edges, read from nothing (a Ray task's part of the stream)."""
+        out = object.__new__(ReportStrata)
+        out.covariate, out.reason = self.covariate, self.reason
+        out.accs = [StrataAccumulator(spec=a.spec, edges=a.edges, eps=a.eps, base_name=a.base_name,
+                                      compare_name=a.compare_name) for a in self.accs]
+        return out
+
+    def merge(self, part: "ReportStrata") -> None:
+        """A one-batch part's sums after these (the bits of adding that batch here)."""
+        for acc, p in zip(self.accs, part.accs):
+            acc.merge(p)
+
     def families(self) -> list[RatioFamily]:
         return [acc.family() for acc in self.accs]
 

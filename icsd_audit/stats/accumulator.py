@@ -222,11 +222,39 @@ class AuditAccumulator:
             self._cols.setdefault(k, []).append(v)
         self._n_clusters += cidx.n
 
+    def merge(self, part: "AuditAccumulator") -> None:
+        """Append ``part``, an accumulator of the same settings that holds one batch, after the batches here.
+
+        The same bits as adding that batch here (:meth:`add`): its per-turn sums are kept
+        as computed, its group values take this accumulator's codes, its turns are
+        numbered after these, and its ratio moments merge by the same formula. So a
+        batch may be reduced anywhere (a Ray worker) and merged here in batch order.
+        """
+        same = ("statistics", "eps", "clip_eps", "dual_clip", "n_bins", "base_name", "compare_name", "by")
+        if any(getattr(part, k) != getattr(self, k) for k in same):
+            raise ValueError("merge: the part was built with other settings")
+        remap = self._groups.encode(np.asarray(part._groups.values)) if part._groups.values else np.zeros(0, np.int64)
+        code = (lambda g: remap[g]) if self.by is not None else (lambda g: g)  # noqa: E731
+        self._batch.extend(part._batch)
+        self._group.extend(code(g) for g in part._group)
+        self._ntok.extend(part._ntok)
+        for k, v in part._cols.items():
+            self._cols.setdefault(k, []).extend(v)
+        for k, v in part._sp.items():
+            self._sp[k].extend([x + self._n_clusters for x in v] if k == "cluster" else v)
+        for g, (n2, mean2, m2b) in part._ratio_moments.items():
+            self._combine_moments(int(code(g)) if self.by is not None else int(g), n2, mean2, m2b)
+        self._n_clusters += part._n_clusters
+        self._rows += part._rows
+
     def _merge_moments(self, g: int, r: np.ndarray) -> None:
         if r.size == 0:
             return
         n2, mean2 = float(r.size), float(r.mean())
         m2b = float(((r - mean2) ** 2).sum())
+        self._combine_moments(g, n2, mean2, m2b)
+
+    def _combine_moments(self, g: int, n2: float, mean2: float, m2b: float) -> None:
         cur = self._ratio_moments.get(g)
         if cur is None:
             self._ratio_moments[g] = [n2, mean2, m2b]

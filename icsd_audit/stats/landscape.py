@@ -351,6 +351,29 @@ class LandscapeAccumulator:
         else:
             self._reduce(*part)
 
+    def merge(self, part: "LandscapeAccumulator") -> None:
+        """Append ``part``, an accumulator of the same grid and rank edges holding one batch, after the batches here.
+
+        The same bits as adding that batch here: its cell sums started from zero, so adding
+        them is adding its bincounts; its per-turn sums are kept as computed.
+        """
+        if (part.grid, part.base_name, part.compare_name) != (self.grid, self.base_name, self.compare_name):
+            raise ValueError("merge: the part was built with other settings")
+        if self.ranks is None or part.ranks is None or part._pending:
+            raise ValueError("merge: both accumulators need the rank edges of a first pass")
+        if part._has_env is not None:
+            if self._has_env is not None and self._has_env != part._has_env:
+                raise ValueError("env must be given for every batch or for none")
+            self._has_env = part._has_env
+        for key, cells in part._cells.items():
+            acc = self._cells.setdefault(key, np.zeros((3, self._G2)))
+            acc += cells
+        for key, n in part._region_tokens.items():
+            self._region_tokens[key] = self._region_tokens.get(key, 0) + n
+        for k, v in part._turn.items():
+            self._turn[k].extend(v)
+        self._rows += part._rows
+
     def _reduce(self, d: np.ndarray, a: np.ndarray, wb: np.ndarray, wc: np.ndarray, e: np.ndarray | None,
                 bid: np.ndarray, tid: np.ndarray, uid: np.ndarray) -> None:
         """Cell sums and per-turn region sums of one batch's valid tokens."""

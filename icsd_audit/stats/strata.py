@@ -192,6 +192,23 @@ class StrataAccumulator:
         for name, mask in (("n", None), ("active", act), ("supported", dpos), ("supported_adv0", dpos & (adv == 0))):
             self._counts[name] += np.bincount(b if mask is None else b[mask], minlength=nb)
 
+    def merge(self, part: "StrataAccumulator") -> None:
+        """Append ``part`` (the same spec and edges, one batch) after the batches here: the bits of adding it here.
+
+        Its per-turn sums are kept as computed; its bin counts (integers) add; the
+        covariate's range takes the min and max.
+        """
+        if (part.spec, part.eps, part.base_name, part.compare_name) != (self.spec, self.eps, self.base_name,
+                                                                        self.compare_name) \
+                or not np.array_equal(part.edges, self.edges):
+            raise ValueError("merge: the part was built with other settings or edges")
+        self._sums.extend(part._sums)
+        self._batch.extend(part._batch)
+        for k, v in part._counts.items():
+            self._counts[k] += v
+        self._xmin, self._xmax = min(self._xmin, part._xmin), max(self._xmax, part._xmax)
+        self._rows += part._rows
+
     # -- output
     def _names(self) -> list[str]:
         stem = self.spec.name
