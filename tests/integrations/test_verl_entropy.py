@@ -31,10 +31,10 @@ torch.set_num_threads(1)
 TEMP = 0.7
 
 
-def _model_batch(with_entropy: bool = True):
+def _model_batch(with_entropy: bool = True, teacher_layout: str = "icsd"):
     """(micro-batch, model output as verl's engine gives it, reference entropies in the dumps' token order)."""
     model, tok = tiny_random_causal_lm(seed=1)
-    rows, _, td, _, _ = _batch(4, vocab=len(tok))
+    rows, _, td, _, _ = _batch(4, vocab=len(tok), teacher_layout=teacher_layout)
     lp, ent, ref, turns = [], [], [], {}
     with torch.no_grad():
         for r in rows:
@@ -75,6 +75,22 @@ def test_recorded_ppo_loss_dumps_verls_entropy(tmp_path):
     actor, _ = _configs()
     td, out, want = _model_batch()
     recording(ppo_loss, tmp_path / "d")(config=copy.deepcopy(actor), model_output=out, data=td, dp_group=None)
+    d = read_dump_flat(tmp_path / "d")
+    assert d["entropy"].dtype == np.float32
+    np.testing.assert_allclose(d["entropy"], want, atol=1e-5, rtol=0)
+
+
+def test_distillation_registry_loss_dumps_verls_entropy(tmp_path, monkeypatch):
+    from verl.trainer.distillation.losses import get_distillation_loss_fn
+
+    from icsd_audit.integrations.verl.distill import register_losses
+
+    register_losses()
+    monkeypatch.setenv("ICSD_MIN_GROUP", "3")
+    monkeypatch.setenv("ICSD_DUMP_DIR", str(tmp_path / "d"))
+    actor, dist = _configs(loss_mode="icsd", use_policy_gradient="true")
+    td, out, want = _model_batch(teacher_layout="verl")
+    get_distillation_loss_fn("icsd")(config=copy.deepcopy(actor), distillation_config=dist, model_output=out, data=td)
     d = read_dump_flat(tmp_path / "d")
     assert d["entropy"].dtype == np.float32
     np.testing.assert_allclose(d["entropy"], want, atol=1e-5, rtol=0)
