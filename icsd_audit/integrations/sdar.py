@@ -14,7 +14,10 @@ the exact lines):
   stores ``c`` under :data:`C_KEY`; rows copied by ``adjust_batch`` count once (see
   :mod:`~icsd_audit.integrations.core`);
 * a dump hook: pass ``writer=dump_writer(out_dir, rank=...)`` to ``allocate_dataproto``
-  and each mini-batch becomes one schema-v1 shard;
+  and each mini-batch becomes one schema-v1 shard; where the batch carries verl's
+  ``entropys`` (the old-log-prob pass computes them with ``old_log_probs``, from the same
+  logits; verl-agent's driver pops them after its entropy metric, so a fork keeps them by
+  not popping) the shards get the ``entropy`` column (SPEC 11);
 * for a plain verl-agent fork (no SDAR): :func:`turn_steps` (SDAR's ``turn_step`` from the
   order of a trajectory's rows) and :func:`teacher_pass` (SDAR's privileged self-teacher:
   the SkillBank block in front of each prompt, scored by the actor).
@@ -108,7 +111,7 @@ class DataProtoAllocation:
 def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_size: int = 1, step: int = 0,
                        writer: Any = None, settings: AllocatorSettings | None = None,
                        teacher_key: str = SDAR_TEACHER_KEY, student_key: str = "old_log_probs",
-                       **overrides: Any) -> DataProtoAllocation:
+                       entropy_key: str = "entropys", **overrides: Any) -> DataProtoAllocation:
     """Allocate a verl-agent ``DataProto`` per global actor mini-batch and store ``c`` in it.
 
     **Mutates** ``batch``: sets ``batch.batch[C_KEY]`` (float32 ``[B, T]``, ``c`` on valid
@@ -122,7 +125,8 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
     per rank, a short last mini-batch included (:func:`~.core.mini_batch_ids`).  ``settings``
     (default SPEC's) fix the allocator; ``overrides`` (``allocator="sdar"``, ...) replace single settings.  ``batch_id``
     of mini-batch ``k`` of ``step`` is ``step * 1000 + k`` (as our trainer); with
-    ``writer`` each mini-batch becomes one dump shard.
+    ``writer`` each mini-batch becomes one dump shard, with an ``entropy`` column where
+    ``batch.batch`` has ``entropy_key`` (``[B, T]``, the entropies of the pass that gave ``student_key``).
 
     Everything is checked before anything is allocated or written: a missing key, a mask
     or log-prob of the wrong shape, a turn index that is not an integer, a ``traj_uid``
@@ -145,6 +149,8 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
     adv = check_values("advantages", td["advantages"], mask, names=names)
     student = check_values(student_key, td[student_key], mask, names=names, allow_rows=False)
     teacher = check_values(teacher_key, td[teacher_key], mask, names=names, allow_rows=False)
+    entropy = (check_values(entropy_key, td[entropy_key], mask, names=names, allow_rows=False)
+               if writer is not None and entropy_key in td.keys() else None)
     if mini_batch_rows is not None and int(mini_batch_rows) < 1:
         raise ValueError(f"mini_batch_rows must be >= 1, got {mini_batch_rows}")
     mb = (np.zeros(B, dtype=np.int64) if mini_batch_rows is None
@@ -170,10 +176,12 @@ def allocate_dataproto(batch: Any, *, mini_batch_rows: int | None = None, dp_siz
         c[sl] = a.c.to(c.device, torch.float32)
         parts.append(a)
         if writer is not None:
+            extra = {"logp": student[sl], "teacher_logp": teacher[sl], "step": torch.full((sl.numel(),), int(step))}
+            if entropy is not None:
+                extra["entropy"] = entropy[sl].float()
             shards.append(write_dump(writer, a, allocation=provenance, batch_id=bid, traj_id=traj[sl],
                                      advantage=adv[sl], ratio=1.0, delta=delta[sl], response_mask=mask[sl],
-                                     extra={"logp": student[sl], "teacher_logp": teacher[sl],
-                                            "step": torch.full((sl.numel(),), int(step))}))
+                                     extra=extra))
     td[C_KEY] = c
     return DataProtoAllocation(c=c, mini_batch=mb, parts=tuple(parts), shards=tuple(shards))
 

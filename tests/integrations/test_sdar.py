@@ -355,3 +355,38 @@ def test_allocate_dataproto_takes_every_allocator_setting(tmp_path):
     assert any(abs(ref[k] - default[k]) > 1e-6 for k in ref)  # the etas change c: the test can fail
     block = read_metadata(res.shards[0])["allocator"]
     assert {k: block[k] for k in settings} == settings
+
+
+def test_allocate_dataproto_dumps_the_batchs_entropys(tmp_path):
+    """Where the batch carries verl's ``entropys`` (the old-log-prob pass's, from the same logits as
+    ``old_log_probs``), the dump's float32 ``entropy`` is it: here from a tiny model's logits as verl's
+    ``entropy_from_logits`` computes them, checked against a float64 entropy of those logits; without it, no column."""
+    pytest.importorskip("verl", reason="verl not installed: pip install 'icsd-audit[verl]'")
+    import pyarrow.parquet as pq
+    from verl.utils import torch_functional as verl_F
+
+    from icsd_audit.train.models.loading import tiny_random_causal_lm
+
+    dp, B = _dataproto(5)
+    T = dp.batch["response_mask"].shape[1]
+    model, tok = tiny_random_causal_lm(seed=3)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, len(tok), (B, 4 + T), generator=g)
+    with torch.no_grad():
+        z = model(input_ids=ids).logits[:, 3:-1].float() / 0.8  # the distributions of the T response tokens
+    dp.batch["entropys"] = verl_F.entropy_from_logits(z)
+    lp = torch.log_softmax(z.double(), -1)
+    ref = -(lp.exp() * lp).sum(-1)
+    allocate_dataproto(dp, writer=dump_writer(tmp_path / "d"))
+    t = pq.read_table(sorted((tmp_path / "d").glob("*.parquet"))[0])
+    row = {stable_traj_id(u): [] for u in dp.non_tensor_batch["traj_uid"]}
+    for b, u in enumerate(dp.non_tensor_batch["traj_uid"]):
+        row[stable_traj_id(u)].append(b)
+    traj, turn, pos = (t.column(k).to_numpy() for k in ("traj_id", "turn_id", "pos"))
+    # a trajectory's turn k is its row with turn_step k; its tokens are the row's first ones (pos = column)
+    want = [float(ref[row[int(j)][int(k)], int(p)]) for j, k, p in zip(traj, turn, pos)]
+    assert t.schema.field("entropy").type == "float" and np.ptp(want) > 1e-3
+    np.testing.assert_allclose(t.column("entropy").to_numpy(), want, atol=1e-5, rtol=0)
+    del dp.batch["entropys"]
+    allocate_dataproto(dp, writer=dump_writer(tmp_path / "e"))
+    assert "entropy" not in pq.read_table(sorted((tmp_path / "e").glob("*.parquet"))[0]).column_names

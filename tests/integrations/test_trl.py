@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext as _nullcontext
+
 import numpy as np
 import pytest
 import torch
@@ -24,16 +26,17 @@ def _reward(completions, **_):
     return [float(len(c) % 5) for c in completions]
 
 
-def _trainer(tmp_path, *, steps: int = 3, dump: bool = True, **settings) -> ICSDGRPOTrainer:
+def _trainer(tmp_path, *, steps: int = 3, dump: bool = True, args_kw: dict | None = None,
+             **settings) -> ICSDGRPOTrainer:
     from icsd_audit.train.teacher.skills import load_skillbank
 
     model, tok = tiny_random_causal_lm(seed=0)
     prompts = ["search for a red mug", "buy blue shoes under 30 dollars", "find a wooden chair", "open the drawer"]
     ds = datasets.Dataset.from_dict({"prompt": prompts * 4})
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=12, max_steps=steps, learning_rate=1e-3, use_cpu=True, bf16=False,
-                      report_to=[], logging_steps=1, save_strategy="no", seed=0, temperature=1.0,
-                      dataloader_num_workers=0)
+    args = GRPOConfig(**{"output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 8, "num_generations": 4,
+                         "max_completion_length": 12, "max_steps": steps, "learning_rate": 1e-3, "use_cpu": True,
+                         "bf16": False, "report_to": [], "logging_steps": 1, "save_strategy": "no", "seed": 0,
+                         "temperature": 1.0, "dataloader_num_workers": 0, **(args_kw or {})})
     bank = load_skillbank("webshop")
     icsd = ICSDConfig(**{"distill_coef": 0.5, "min_group": 4, **settings},
                       dump_dir=str(tmp_path / "dumps") if dump else None)
@@ -117,6 +120,42 @@ def test_loss_is_trl_loss_plus_weighted_distillation(tmp_path):
                   for b in range(cm.size(0)) for t in range(cm.size(1)) if cm[b, t]) / n
     assert float((got - base).detach()) == pytest.approx(0.5 * by_hand, rel=1e-4, abs=1e-7)
     assert float(distillation_loss(logp, inputs["icsd_teacher_logps"], inputs["icsd_c"], cm).detach()) == pytest.approx(by_hand, rel=1e-5)
+
+
+def _entropy_by_hand(model, prompt_ids, prompt_mask, comp, cmask, temperature: float) -> torch.Tensor:
+    """float64 -sum p log p of softmax(logits / T) at each completion token, from a plain forward of the model."""
+    with torch.no_grad():
+        ids = torch.cat([prompt_ids, comp], 1)
+        am = torch.cat([prompt_mask, cmask], 1)
+        z = model(input_ids=ids, attention_mask=am).logits[:, -comp.size(1) - 1:-1].double() / temperature
+        lp = torch.log_softmax(z, -1)
+        return -(lp.exp() * lp).sum(-1)
+
+
+@pytest.mark.parametrize("trl_scores_old", [False, True], ids=["on-policy", "old-logps-by-trl"])
+def test_dumped_entropy_is_the_models_from_its_logits(tmp_path, trl_scores_old):
+    """SPEC 11: the dump's ``entropy`` is the student's next-token entropy at the temperature of ``logp``, from the
+    pass that gave ``logp``: ICSDGRPOTrainer's own student pass (on-policy) or TRL's ``old_per_token_logps`` pass
+    (two generation steps per optimizer step), checked against a float64 entropy of the model's own logits."""
+    import pyarrow.parquet as pq
+
+    kw = {"temperature": 0.7, **({"steps_per_generation": 2} if trl_scores_old else {})}
+    with pytest.warns(UserWarning) if trl_scores_old else _nullcontext():
+        tr = _trainer(tmp_path, steps=1, args_kw=kw)
+    tr.model.train()
+    n = 16 if trl_scores_old else 8
+    out = tr._generate_and_score_completions([tr.train_dataset[i] for i in range(n)])
+    assert ("old_per_token_logps" in out) == trl_scores_old
+    cm = out["completion_mask"].bool()
+    ref = _entropy_by_hand(tr.model, out["prompt_ids"], out["prompt_mask"], out["completion_ids"], cm, 0.7)
+    t = pq.read_table(sorted((tmp_path / "dumps").glob("*.parquet"))[0])
+    assert t.schema.field("entropy").type == "float"  # float32
+    row, pos = t.column("row").to_numpy(), t.column("pos").to_numpy()
+    col = torch.cumsum(cm.long(), 1) - 1  # a completion's tokens are one turn: pos is the index among them
+    want = np.array([float(ref[r][cm[r] & (col[r] == p)][0]) for r, p in zip(row, pos)])
+    assert len(want) == int(cm.sum())
+    np.testing.assert_allclose(t.column("entropy").to_numpy(), want, rtol=0, atol=1e-5)
+    assert float(np.ptp(want)) > 1e-3  # the check compares varying values, not one constant
 
 
 def test_tcm_by_hand():

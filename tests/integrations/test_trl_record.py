@@ -25,7 +25,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from icsd_audit.integrations.trl import record  # noqa: E402
+from icsd_audit.integrations.trl.record import record  # noqa: E402
 from icsd_audit.train.models.loading import tiny_random_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.engines
@@ -178,6 +178,11 @@ def test_step0_columns_equal_a_recomputation_with_the_initial_weights(runs, kind
     logp, logits = _step0_logps(model_dir, d, PROMPTS)
     sel0 = d["batch_id"] == 0
     assert np.allclose(d["logp"][sel0], logp, atol=2e-5, rtol=0)
+    # SPEC 11: the student's next-token entropy from the logits that gave logp (float64 here, float32 dumped)
+    lp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    ent = -(np.exp(lp) * lp).sum(1)
+    assert d["entropy"].dtype == np.float32 and np.ptp(ent) > 1e-3
+    np.testing.assert_allclose(d["entropy"][sel0], ent, atol=1e-5, rtol=0)
     assert np.array_equal(d["old_logp"], d["logp"])  # on-policy: TRL's old log-probs are the current ones
     assert (d["ratio"] == 1.0).all() and (d["c"] == 1.0).all()
     if kind == "grpo":

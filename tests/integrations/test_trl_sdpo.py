@@ -61,3 +61,11 @@ def test_icsd_weights_the_term_and_its_dumps_verify(model_dir, tmp_path):  # noq
     v = cli("audit", "verify", str(tmp_path / "dumps"))
     assert v.returncode == 0, v.stdout + v.stderr
     assert "every batch agrees" in v.stdout
+    # SPEC 11: step 0's entropy is the initial model's, from the student logits SDPO's loss holds (temperature 1)
+    from tests.integrations.test_trl_record import _step0_logps
+
+    _, logits = _step0_logps(model_dir, d, None)
+    lp = torch.log_softmax(torch.as_tensor(logits), -1)
+    ent = (-(lp.exp() * lp).sum(-1)).numpy()
+    assert d["entropy"].dtype == np.float32 and np.ptp(ent) > 1e-3
+    np.testing.assert_allclose(d["entropy"][d["batch_id"] == 0], ent, atol=1e-5, rtol=0)

@@ -48,9 +48,10 @@ ROWS = [("u0", 0, [1, 1, 1, 0, 0, 1, 1]), ("u0", 1, [1, 1, 1, 1]), ("u1", 0, [1,
         ("u0", 0, [1, 1, 0, 1]), ("u1", 1, [1, 1, 1, 1, 1, 1])]
 
 
-def _batch(seed: int, *, teacher_layout: str = "icsd"):
+def _batch(seed: int, *, teacher_layout: str = "icsd", vocab: int | None = None):
     """A jagged v1 micro-batch and the model output; ``teacher_layout='verl'`` stores the teacher as verl's teacher
-    loop does (``teacher_logprobs`` over the whole sequence, last dim 1)."""
+    loop does (``teacher_logprobs`` over the whole sequence, last dim 1); ``vocab``: random token ids below it
+    (each row's ``ids``, prompt then response) instead of ones."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for uid, s, rm in ROWS:
@@ -59,6 +60,8 @@ def _batch(seed: int, *, teacher_layout: str = "icsd"):
                          old=torch.randn(R, generator=g, dtype=torch.float64) - 2,
                          adv=torch.full((R,), float(torch.randn(1, generator=g)), dtype=torch.float64),
                          teacher=torch.randn(R, generator=g, dtype=torch.float64) - 2))
+        rows[-1]["ids"] = (torch.ones(P + R, dtype=torch.long) if vocab is None
+                           else torch.randint(3, vocab, (P + R,), generator=g))
     n_tot = sum(r["P"] + r["R"] for r in rows)
     # the current policy: near the old one, so ratios spread around 1
     values = torch.randn(n_tot, generator=g, dtype=torch.float64) - 2
@@ -72,8 +75,7 @@ def _batch(seed: int, *, teacher_layout: str = "icsd"):
     def nt(xs):
         return torch.nested.nested_tensor(xs, layout=torch.jagged)
 
-    fields = {"prompts": nt([torch.ones(r["P"], dtype=torch.long) for r in rows]),
-              "responses": nt([torch.ones(r["R"], dtype=torch.long) for r in rows]),
+    fields = {"prompts": nt([r["ids"][:r["P"]] for r in rows]), "responses": nt([r["ids"][r["P"]:] for r in rows]),
               "response_mask": nt([r["mask"] for r in rows]), "old_log_probs": nt([r["old"] for r in rows]),
               "advantages": nt([r["adv"] for r in rows])}
     if teacher_layout == "icsd":

@@ -223,6 +223,53 @@ def test_icsd_sync_driver_step(setup, tmp_path):
     assert set(rec.column("batch_id").to_numpy().tolist()) == {7000, 7001}
 
 
+def test_icsd_sync_dumps_the_entropy_of_verls_old_log_prob_pass(setup, tmp_path):
+    """SPEC 11: verl's old-log-prob pass leaves ``entropy`` (response-aligned, from the logits that gave
+    ``old_log_probs``) in the store; the driver's shards carry it as the float32 ``entropy`` column, equal to a
+    float64 entropy of the model's logits token by token (the pass here is verl's ``entropy_from_logits``)."""
+    from verl.utils import torch_functional as verl_F
+    import pyarrow.parquet as pq
+
+    tr, store, model, tok = setup
+    tr.on_init_end()
+    g = torch.Generator().manual_seed(1)
+    keys, fields, ref = [], {k: [] for k in ("prompts", "responses", "response_mask", "advantages", "old_log_probs",
+                                             "entropy")}, []
+    for i, p in enumerate(["buy a red mug", "find blue shoes"] * 4):
+        pid = torch.as_tensor(tok(p, add_special_tokens=False).input_ids)
+        R = int(torch.randint(3, 9, (1,), generator=g))
+        rid = torch.randint(3, 250, (R,), generator=g)
+        rm = torch.ones(R, dtype=torch.long)
+        if i % 3 == 0:
+            rm[1] = 0  # two turns
+        with torch.no_grad():
+            z = model(input_ids=torch.cat([pid, rid]).view(1, -1)).logits[0, pid.numel() - 1:-1].float()
+        lp = torch.log_softmax(z.double(), -1)
+        ref.append(-(lp.exp() * lp).sum(-1))
+        keys.append(f"uid{i // 2}_s{i % 2}_0")
+        for k, v in (("prompts", pid), ("responses", rid), ("response_mask", rm), ("entropy", verl_F.entropy_from_logits(z)),
+                     ("advantages", torch.full((R,), float(torch.randn(1, generator=g)))),
+                     ("old_log_probs", lp.gather(-1, rid.view(-1, 1)).view(-1).float())):
+            fields[k].append(v)
+    td = TensorDict({k: torch.nested.as_nested_tensor(v, layout=torch.jagged) for k, v in fields.items()},
+                    batch_size=[len(keys)])
+    tr._compute_advantage(store.kv_batch_put(keys=keys, partition_id="train", fields=td), {})
+    T = max(r.numel() for r in fields["responses"])
+    mask = torch.zeros(len(keys), T, dtype=torch.bool)
+    for i, rm in enumerate(fields["response_mask"]):
+        mask[i, :rm.numel()] = rm.bool()
+    traj, turn = trajectory_turns(keys, mask)
+    pos = torch.cumsum(mask.long(), 1) - 1
+    want = {(int(traj[i]), int(turn[i, t]), int(pos[i, t])): float(ref[i][t])
+            for i in range(len(keys)) for t in range(T) if mask[i, t]}
+    t = pq.read_table(sorted((tmp_path / "dumps").glob("*.parquet")))
+    got = t.column("entropy").to_numpy()
+    keys_d = zip(*(t.column(k).to_numpy().tolist() for k in ("traj_id", "turn_id", "pos")))
+    exp = np.array([want[k] for k in keys_d])
+    assert got.dtype == np.float32 and len(got) == len(want) and np.ptp(exp) > 1e-3
+    np.testing.assert_allclose(got, exp, atol=1e-5, rtol=0)
+
+
 def test_shuffled_mini_batches_are_refused(setup):
     tr, *_ = setup
     tr.config.actor_rollout_ref.actor.shuffle = True

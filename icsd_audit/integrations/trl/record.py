@@ -29,7 +29,9 @@ the loss computed; null outside the student's top-k in ``topk_logits`` mode and 
 ``delta = teacher_logp - logp`` (0 where ``teacher_logp`` is null), ``reward`` (the weighted sum
 TRL normalizes into advantages; absent for SDFT), ``distill_term`` (the per-token distillation
 loss as the trainer computed it, importance-sampling clip included, times its loss mask; 0 for
-GRPO) and ``c`` (the deployed weighting: uniform 1).
+GRPO), ``entropy`` (SPEC 11: the student's next-token entropy in nats, from the logits that gave ``logp``:
+GRPO's from TRL's fused head, which computes it in the loss's own forward; SDPO's and SDFT's from the
+student completion logits the loss holds, at their temperature) and ``c`` (the deployed weighting: uniform 1).
 
 **Stand-ins, said in the provenance.**  GRPO has no teacher: ``teacher_logp`` null, ``delta`` 0,
 producer key ``no_teacher``.  SDFT has no advantage: ``advantage`` 0, ``ratio`` 1, producer key
@@ -60,7 +62,8 @@ from icsd_audit.integrations.checks import check_values
 from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
 
 __all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "ACTIVE_CAPTURE", "LossCapture", "Recorder", "TrainerKind", "record",
-           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "teacher_token_logps", "in_topk",
+           "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "student_entropy", "teacher_token_logps",
+           "in_topk",
            "wrap_term_functions"]
 
 #: [lowest tested, first untested) TRL versions of :func:`record`.
@@ -139,6 +142,7 @@ class LossCapture:
     loss_mask: Tensor | None = None
     term: Tensor | None = None  # the per-token distillation term, after the importance-sampling clip
     logps: Tensor | None = None  # GRPO: per-token log-probs of its loss forward
+    entropies: Tensor | None = None  # GRPO: per-token entropies of the same forward (TRL asks for them)
     #: multiplies the divergence's per-token output (ICSDSDPOTrainer's c); None records only
     scale: Callable[[Tensor], Tensor] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -230,8 +234,11 @@ class Recorder:
 
     def add(self, *, inputs: Mapping[str, Any], logp: Tensor, teacher_logp: Tensor | None, term: Tensor | None,
             advantage: Tensor | None, reward: Tensor | None, c: Tensor | None = None,
-            batch_id: int | None = None, mask: Tensor | None = None) -> None:
-        """Flat columns of one micro-batch, checked, kept until the optimizer step ends."""
+            batch_id: int | None = None, mask: Tensor | None = None, entropy: Tensor | None = None) -> None:
+        """Flat columns of one micro-batch, checked, kept until the optimizer step ends.
+
+        ``entropy``: the student's per-token entropy from the logits that gave ``logp`` (None: no column).
+        """
         step = self.batch_step()
         ids, cmask = inputs["completion_ids"], inputs["completion_mask"]
         B, T = ids.shape
@@ -266,6 +273,7 @@ class Recorder:
             t, delta = torch.full((B, T), float("nan")), torch.zeros(B, T)
         term_t = torch.zeros(B, T) if term is None else term.detach().float().cpu()
         checked("per-token distillation term", term_t)
+        ent = None if entropy is None else checked("per-token entropies", entropy.detach().float().cpu())
         turns = turn_ids_from_mask(m)
         rows, cols = torch.nonzero(m, as_tuple=True)
         base = (step << 32) | (self.rank << 20)
@@ -287,6 +295,8 @@ class Recorder:
                "distill_term": tok(term_t), "c": np.ones(rows.numel(), dtype=np.float32) if c is None else tok(c)}
         if reward is not None:
             out["reward"] = tok(reward.detach().float().cpu())
+        if ent is not None:
+            out["entropy"] = tok(ent)
         self.pending.append(out)
         self.rows_in_step += B
         self.micro_in_step += 1
@@ -391,7 +401,7 @@ def _hook_grpo(trainer: Any, rec: Recorder) -> None:
         res = logps_fn(*args, **kwargs)
         cap = ACTIVE_CAPTURE.get()
         if cap is not None and cap.logps is None:
-            cap.logps = res[0]
+            cap.logps, cap.entropies = res[0], res[1]
         return res
 
     def compute_loss(model: Any, inputs: dict[str, Any]) -> Tensor:
@@ -408,7 +418,7 @@ def _hook_grpo(trainer: Any, rec: Recorder) -> None:
                                "_get_per_token_logps_and_entropies (a TRL change?)")
         with torch.no_grad():
             rec.add(inputs=inputs, logp=cap.logps, teacher_logp=None, term=None, advantage=inputs["advantages"],
-                    reward=inputs.get("icsd_record_reward"))
+                    reward=inputs.get("icsd_record_reward"), entropy=cap.entropies)
         return loss
 
     trainer._calculate_rewards = calculate_rewards
@@ -426,6 +436,15 @@ def sampled_token_logps(logits: Tensor, ids: Tensor) -> Tensor:
 
     with torch.no_grad():
         return selective_log_softmax(logits.detach(), ids)
+
+
+def student_entropy(logits: Tensor) -> Tensor:
+    """``[B, T]`` float32 entropy in nats of ``softmax(logits)`` per token (SPEC 11; no gradient, no forward)."""
+    from icsd_audit.train.update.logprobs import entropy_from_logits
+
+    with torch.no_grad():
+        z = logits.detach().float()
+        return entropy_from_logits(z, torch.logsumexp(z, dim=-1))
 
 
 def teacher_token_logps(trainer: Any, student_logits: Tensor, teacher_logits: Tensor, ids: Tensor) -> Tensor:
@@ -496,7 +515,8 @@ def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:
                 t = torch.full_like(logp, float("nan"))
             rec.add(inputs=inputs, logp=logp, teacher_logp=t, term=term,
                     advantage=inputs.get("advantages") if rec.kind.has_advantage else None,
-                    reward=inputs.get("rewards"), c=cap.extra.get("c"), batch_id=cap.extra.get("batch_id"))
+                    reward=inputs.get("rewards"), c=cap.extra.get("c"), batch_id=cap.extra.get("batch_id"),
+                    entropy=student_entropy(cap.student_logits))
         return loss
 
     if policy_fn is not None:

@@ -20,6 +20,11 @@ Needs ``pip install 'icsd-audit[trl]'`` (tested: trl 1.16).  Per generation batc
 5. adds ``lambda/|B| * sum sg(c) (sg(T) - logp)`` to TRL's loss, with the student
    log-probs of TRL's own forward pass (no second forward).
 
+The dumps' ``entropy`` column (SPEC 11) is the entropy of the student's next-token
+distribution from the forward that gave the dumped ``logp`` (TRL's ``old_per_token_logps``
+pass, or the student pass of step 2): TRL's fused LM head computes it with the log-probs
+(temperature-scaled, as they are), so it costs no forward pass.
+
 **Exact vs approximated.**  The paper allocates per actor mini-batch with the ratio of
 that moment.  Here the actor mini-batch is TRL's optimizer step; with TRL's defaults
 (``steps_per_generation == gradient_accumulation_steps``, ``num_iterations == 1``) one
@@ -161,6 +166,8 @@ class ICSDGRPOTrainer(GRPOTrainer):
         self.teacher_prompt = teacher_prompt or _teacher_column
         self._icsd_capture = False
         self._icsd_logps: torch.Tensor | None = None
+        #: while TRL scores a generation batch: (log-probs, entropies) of each policy pass it makes
+        self._icsd_passes: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.icsd_last: PaddedAllocation | None = None  # the last allocation (tests, debugging)
         self._writer = None
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps or self.num_iterations != 1:
@@ -194,20 +201,26 @@ class ICSDGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ teacher pass + allocation
     def _score(self, prompt_ids: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-               batch_size: int) -> torch.Tensor:
+               batch_size: int, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs, entropies or None) of the completions behind ``prompt_ids``, from one no-grad pass."""
         from trl.trainer.utils import pad
 
         dev = completion_ids.device
         p = pad([torch.tensor(x) for x in prompt_ids], padding_value=self._tokenizer.pad_token_id, padding_side="left").to(dev)
         pm = pad([torch.ones(len(x), dtype=torch.long) for x in prompt_ids], padding_value=0, padding_side="left").to(dev)
         with torch.no_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
+            logps, ent, _ = self._get_per_token_logps_and_entropies(
                 self.model, torch.cat([p, completion_ids], 1), torch.cat([pm, completion_mask], 1),
-                completion_ids.size(1), batch_size)
-        return logps
+                completion_ids.size(1), batch_size, compute_entropy=entropy)
+        return logps, ent
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        out = super()._generate_and_score_completions(inputs)
+        self._icsd_passes = [] if self.model.training else None
+        try:
+            out = super()._generate_and_score_completions(inputs)
+            passes = self._icsd_passes
+        finally:
+            self._icsd_passes = None
         if not self.model.training:
             return out
         acc = self.accelerator
@@ -218,11 +231,13 @@ class ICSDGRPOTrainer(GRPOTrainer):
             t_ids = [list(x["teacher_prompt_ids"]) for x in inputs]
         else:
             t_ids, _, _ = self._tokenize_prompts([self.teacher_prompt(x) for x in inputs])
-        teacher = self._score(t_ids, comp, cmask, bs)
+        teacher, _ = self._score(t_ids, comp, cmask, bs)
         student = out.get("old_per_token_logps")
+        # the entropy of the pass that gave the student log-probs (None: that pass was not TRL's policy pass)
+        entropy = next((e for lp, e in passes or () if lp is student), None) if student is not None else None
         if student is None:  # TRL skips it on-policy; the allocation needs delta = T - logp
             p_ids = [row[m.bool()].tolist() for row, m in zip(out["prompt_ids"], out["prompt_mask"])]
-            student = self._score(p_ids, comp, cmask, bs)
+            student, entropy = self._score(p_ids, comp, cmask, bs, entropy=True)
         adv = out["advantages"]
 
         # gather the generation batch of every process, allocate it once, keep our slice
@@ -231,6 +246,7 @@ class ICSDGRPOTrainer(GRPOTrainer):
         g_adv = acc.gather(adv if adv.dim() == 1 else acc.pad_across_processes(adv, dim=1))
         g_stu = acc.gather(acc.pad_across_processes(student, dim=1))
         g_tea = acc.gather(acc.pad_across_processes(teacher, dim=1))
+        g_ent = None if entropy is None else acc.gather(acc.pad_across_processes(entropy.float(), dim=1))
         B = g_mask.size(0)
         batch_id = self.icsd_batch_id()
         traj = torch.arange(B, device=g_mask.device) + _traj_base(batch_id)
@@ -238,6 +254,8 @@ class ICSDGRPOTrainer(GRPOTrainer):
         gm = check_mask("completion_mask", g_mask)
         for name, x in (("advantages", g_adv), ("student log-probs", g_stu), ("teacher log-probs", g_tea)):
             check_values(name, x, gm)
+        if g_ent is not None:
+            check_values("student entropies", g_ent, gm)
         delta = (g_tea - g_stu).float()
         turns = turn_ids_from_mask(g_mask.bool())
         alloc = allocate_padded(advantage=g_adv, ratio=1.0, delta=delta, response_mask=g_mask.bool(), traj_id=traj,
@@ -252,16 +270,23 @@ class ICSDGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["icsd/delta_mean"].append(float(delta[gm].mean()) if gm.any() else 0.0)
         self._metrics[mode]["icsd/fallback_share"].append(alloc.diagnostics.fallback_share)
         if self._writer is not None:
+            extra = {"logp": g_stu.float(), "teacher_logp": g_tea.float(),
+                     "step": torch.full((B,), int(self.state.global_step)), "row": torch.arange(B)}
+            if g_ent is not None:
+                extra["entropy"] = g_ent
             write_dump(self._writer, alloc, batch_id=batch_id, traj_id=traj, advantage=g_adv, ratio=1.0,
-                       delta=delta, response_mask=gm,
-                       extra={"logp": g_stu.float(), "teacher_logp": g_tea.float(),
-                              "step": torch.full((B,), int(self.state.global_step)),
-                              "row": torch.arange(B)})
+                       delta=delta, response_mask=gm, extra=extra)
         return out
 
     # ------------------------------------------------------------------ loss
-    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):  # type: ignore[override]
-        res = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def _get_per_token_logps_and_entropies(self, model: Any, *args: Any, **kwargs: Any):  # type: ignore[override]
+        if self._icsd_passes is not None and model is self.model and len(args) < 5 and not kwargs.get("compute_entropy"):
+            # TRL scoring a generation batch with the policy: its fused head computes the entropy with the
+            # log-probs anyway, so keep it for the dump and hand TRL what it asked for
+            res = super()._get_per_token_logps_and_entropies(model, *args, **{**kwargs, "compute_entropy": True})
+            self._icsd_passes.append((res[0], res[1]))
+            return res[0], None, res[2]
+        res = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         if self._icsd_capture:
             self._icsd_logps = res[0]
         return res

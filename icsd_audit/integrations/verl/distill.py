@@ -88,7 +88,9 @@ def icsd_distillation_loss(config: Any, distillation_config: Any, model_output: 
                              f"teacher_logprobs holds {teacher.shape[-1]} per position (a top-k loss's layout)")
         teacher = teacher.squeeze(-1)
     scope = scope_from_env(LOSS_ALLOCATORS[mode], producer=f"icsd.verl.distillation.{mode}")
-    m = scope.allocate(log_prob=log_prob, teacher=teacher, data=data, teacher_key="teacher_logprobs")
+    ent = model_output.get("entropy")  # verl computed it in this forward (calculate_entropy): the dumps' column
+    m = scope.allocate(log_prob=log_prob, teacher=teacher, data=data, teacher_key="teacher_logprobs",
+                       entropy=None if ent is None or not scope.dump_dir else no_padding_2_padding(ent, data))
     c = m.alloc.c.detach().to(log_prob.dtype)
     k1 = kl_penalty(logprob=log_prob, ref_logprob=teacher.to(log_prob.dtype), kl_penalty="k1")
     losses = c * k1 if loss_config.use_policy_gradient else -c * k1

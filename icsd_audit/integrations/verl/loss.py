@@ -30,6 +30,11 @@ any data-parallel size.  The teacher log-probs are read from :data:`TEACHER_KEY`
   unchanged (verl never splits a row, so a turn is whole in its micro-batch).
   docs/engines.md says when to choose which.
 
+The dumps' ``entropy`` column (SPEC 11) is ``model_output['entropy']``, the entropy verl's engine
+computes from the logits of this very forward (temperature-scaled, as the log-probs are) when the
+actor's ``calculate_entropy`` is true (or ``entropy_coeff`` is not 0); otherwise the model output has
+none and the shards have no ``entropy`` column.
+
 Trajectories in a micro-batch: ``{uid}_{session_id}`` from the row fields verl's agent
 loop stores (``uid``, ``session_id``), or :data:`TRAJ_KEY` where a driver put integer ids;
 each run of 1s of a row's ``response_mask`` is one turn, numbered from
@@ -174,8 +179,13 @@ class MicroBatchScope(AllocatorSettings):
                                                   "engine_version": verl.__version__})
         return _WRITERS[key]
 
-    def allocate(self, *, log_prob: Tensor, teacher: Tensor, data: Any, teacher_key: str) -> MicroAllocation:
-        """Allocate this micro-batch (padded ``log_prob`` / ``teacher`` ``[B, T]``) and dump it when asked."""
+    def allocate(self, *, log_prob: Tensor, teacher: Tensor, data: Any, teacher_key: str,
+                 entropy: Tensor | None = None) -> MicroAllocation:
+        """Allocate this micro-batch (padded ``log_prob`` / ``teacher`` ``[B, T]``) and dump it when asked.
+
+        ``entropy``: padded ``[B, T]`` entropies of the forward that gave ``log_prob`` (verl's
+        ``model_output['entropy']``), dumped as the ``entropy`` column; None: no column.
+        """
         t0 = time.perf_counter()
         padded = data.select("response_mask", "advantages", "old_log_probs").to_padded_tensor()
         mask = padded["response_mask"].bool()
@@ -184,6 +194,9 @@ class MicroBatchScope(AllocatorSettings):
         old = check_values("old_log_probs", padded["old_log_probs"], mask, names=names, allow_rows=False)
         teacher = check_values(teacher_key, teacher, mask, names=names, allow_rows=False)
         logp = check_values("model_output['log_probs']", log_prob.detach(), mask, names=names, allow_rows=False)
+        if entropy is not None:
+            entropy = check_values("model_output['entropy']", entropy.detach().float(), mask, names=names,
+                                   allow_rows=False)
         # verl's PPO ratio (log-ratio clamped to [-20, 20]): the u of every token uses the ratio its surrogate sees
         ratio = torch.exp(torch.clamp(logp - old, -20.0, 20.0))
         delta = (teacher - logp).float()
@@ -198,10 +211,11 @@ class MicroBatchScope(AllocatorSettings):
                             batch_id=bid, traj_names=names, settings=self.settings())
         seconds = time.perf_counter() - t0
         if self.dump_dir and writes:
+            extra = {"logp": logp, "old_logp": old, "teacher_logp": teacher, "step": torch.full((mask.shape[0],), step_now)}
+            if entropy is not None:
+                extra["entropy"] = entropy
             write_dump(self._writer(rank, world), a, batch_id=bid, traj_id=traj, advantage=adv, ratio=ratio,
-                       delta=delta, response_mask=mask,
-                       extra={"logp": logp, "old_logp": old, "teacher_logp": teacher,
-                              "step": torch.full((mask.shape[0],), step_now)})
+                       delta=delta, response_mask=mask, extra=extra)
         return MicroAllocation(alloc=a, ratio=ratio, delta=delta, mask=mask, batch_id=bid, seconds=seconds)
 
     def metrics(self, m: MicroAllocation) -> dict[str, float]:
@@ -236,7 +250,9 @@ def icsd_ppo_loss(config: Any, model_output: dict, data: Any, dp_group: Any = No
     sel = data.select(*keys).to_padded_tensor()
     mask = sel["response_mask"].to(bool)
     if micro is not None:
-        m = micro.allocate(log_prob=log_prob, teacher=sel[TEACHER_KEY], data=data, teacher_key=TEACHER_KEY)
+        ent = model_output.get("entropy")  # present when verl computed it in this forward (calculate_entropy)
+        m = micro.allocate(log_prob=log_prob, teacher=sel[TEACHER_KEY], data=data, teacher_key=TEACHER_KEY,
+                           entropy=None if ent is None or not micro.dump_dir else no_padding_2_padding(ent, data))
         c = m.alloc.c
         for k, v in micro.metrics(m).items():
             metrics[k] = Metric(value=v, aggregation=AggregationType.MEAN)

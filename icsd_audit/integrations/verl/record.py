@@ -16,7 +16,9 @@ log-prob per position; with a top-k teacher, the sampled token's entry of ``teac
 it), ``delta`` (0 where ``teacher_logp`` is null), ``distill_term`` (the per-token distillation loss verl's
 registered loss gives: the single-sample estimator of ``loss_mode`` on the same log-probs, or the top-k
 losses the logits processor left in ``model_output``; clamped as verl clamps it), ``c = 1`` (verl's
-weighting is uniform), ``valid`` = ``response_mask`` (environment tokens inside a response are 0 there and
+weighting is uniform), ``entropy`` (``model_output['entropy']``, the entropy verl's engine computes from
+this forward's temperature-scaled logits when the actor's ``calculate_entropy`` is true or its
+``entropy_coeff`` is not 0; no column otherwise), ``valid`` = ``response_mask`` (environment tokens inside a response are 0 there and
 are not written), ``token_id``, ``step`` and ``batch_id = step * 10**6 + j * W + r`` (the j-th call of the
 step on data-parallel rank r of W; ``step`` from ``icsd_step`` when the batch has it, else 0).
 Trajectories: ``uid``/``session_id`` as :mod:`.verl_loss` names them, else one per row.
@@ -155,6 +157,10 @@ class _Recorder:
         cols = dict(batch_id=torch.full((B,), bid), traj_id=traj, turn_id=turn, advantage=adv, ratio=ratio,
                     delta=delta, logp=logp, old_logp=old, teacher_logp=teacher, distill_term=term.detach().float(),
                     c=torch.ones(B, T), token_id=ids, step=torch.full((B,), step), valid=torch.ones(B, T, dtype=torch.bool))
+        ent = model_output.get("entropy")
+        if ent is not None:
+            cols["entropy"] = check_values(f"{where}: model_output['entropy']", _padded(ent, data).detach().float(),
+                                           mask, allow_rows=False)
         self._writer(rank, world, producer).write(mask=mask, **cols)
 
 

@@ -18,7 +18,9 @@ verl's own advantage computation, the driver
    whatever the data-parallel size and micro-batch split, and ``c`` goes into the batch
    under ``icsd_c``;
 3. writes one schema-v1 shard per mini-batch from the driver and logs TCM (ICSD and
-   SDAR weights) per step;
+   SDAR weights) per step; the ``entropy`` column (SPEC 11) is verl's ``entropy`` field, which
+   its old-log-prob pass computes from the logits that gave ``old_log_probs`` (absent, with
+   no column, where ``rollout_correction.bypass_mode`` skips that pass);
 4. the workers' loss is :func:`~icsd_audit.integrations.verl.plugin.icsd_ppo_loss` (set once with
    ``set_loss_fn``), whose ``token-mean`` aggregation over verl's global token count makes
    micro-batches and ranks add up to the paper's ``lambda/|B|`` mini-batch term exactly.
@@ -160,8 +162,12 @@ def logprob_rows(prompts: Sequence[Tensor], responses: Sequence[Tensor], respons
 def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_log_probs: Tensor,
                           response_mask: Tensor, traj_id: Tensor, turn_id: Tensor, mini_batch: np.ndarray,
                           step: int, cfg: ICSDVerlConfig, writer: Any = None,
-                          traj_names: TrajNames | None = None) -> tuple[Tensor, dict[str, float]]:
+                          traj_names: TrajNames | None = None,
+                          entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """``c`` (float32 ``[B, T]``) allocated per global mini-batch, plus TCM metrics; dumps when ``writer``.
+
+    ``entropy``: ``[B, T]`` entropies of the pass that gave ``old_log_probs``, dumped as the
+    ``entropy`` column (None: no column).
 
     Every input is checked first (shapes, finite values on valid tokens), so a bad value is
     one line naming the key, the row and ``traj_names``' id before any shard is written.
@@ -170,6 +176,8 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
     advantage = check_values("advantages", advantage, mask, names=traj_names)
     old_log_probs = check_values("old_log_probs", old_log_probs, mask, names=traj_names, allow_rows=False)
     teacher_log_probs = check_values(TEACHER_KEY, teacher_log_probs, mask, names=traj_names, allow_rows=False)
+    if entropy is not None and writer is not None:
+        entropy = check_values("entropy", entropy.float(), mask, names=traj_names, allow_rows=False)
     delta = (teacher_log_probs - old_log_probs).float()
     c = torch.zeros(mask.shape, dtype=torch.float32)
     n_mini = 0
@@ -191,10 +199,12 @@ def allocate_mini_batches(*, advantage: Tensor, old_log_probs: Tensor, teacher_l
             mech[key] = mech.get(key, 0.0) + v
         n_mini += 1
         if writer is not None:
+            extra = {"logp": old_log_probs[rows], "teacher_logp": teacher_log_probs[rows],
+                     "step": torch.full((rows.numel(),), int(step))}
+            if entropy is not None:
+                extra["entropy"] = entropy[rows]
             write_dump(writer, a, batch_id=bid, traj_id=traj_id[rows], advantage=advantage[rows], ratio=1.0,
-                       delta=delta[rows], response_mask=mask[rows],
-                       extra={"logp": old_log_probs[rows], "teacher_logp": teacher_log_probs[rows],
-                              "step": torch.full((rows.numel(),), int(step))})
+                       delta=delta[rows], response_mask=mask[rows], extra=extra)
     metrics = {f"icsd/tcm_{name}": num / den if den > 0 else float("nan") for name, (num, den) in sums.items()}
     metrics["icsd/mini_batches"] = float(n_mini)
     if mech:
@@ -301,7 +311,7 @@ def register() -> type:
                 batch = self._gigpo_advantage(batch, metrics)
             else:
                 batch = super()._compute_advantage(batch, metrics)
-            fields = ["prompts", "responses", "response_mask", "advantages", "old_log_probs"]
+            fields = ["prompts", "responses", "response_mask", "advantages", "old_log_probs", "entropy"]
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
             rmask_nested = data["response_mask"]
             prompts, responses = list(data["prompts"].unbind()), list(data["responses"].unbind())
@@ -318,8 +328,9 @@ def register() -> type:
             tq.kv_clear(keys=t_keys, partition_id=batch.partition_id)
             # 2. allocation per global actor mini-batch (or, micro-batch scope, the turn offsets and step the
             #    worker loss needs to allocate each micro-batch itself)
+            ent = {"entropy": data["entropy"]} if "entropy" in data.keys() else {}  # verl's old-log-prob pass
             padded = TensorDict({"advantages": data["advantages"], "old_log_probs": data["old_log_probs"],
-                                 "response_mask": rmask_nested, "teacher": teacher_nested},
+                                 "response_mask": rmask_nested, "teacher": teacher_nested, **ent},
                                 batch_size=[len(batch.keys)]).to_padded_tensor()
             traj, turn = trajectory_turns(batch.keys, padded["response_mask"])
             fields = {TEACHER_KEY: teacher_nested}
@@ -337,7 +348,8 @@ def register() -> type:
                                              teacher_log_probs=padded["teacher"], response_mask=padded["response_mask"],
                                              traj_id=traj, turn_id=turn, mini_batch=mb, step=self.global_steps,
                                              cfg=self.icsd, writer=self._icsd_writer,
-                                             traj_names=TrajNames("key", list(batch.keys)))
+                                             traj_names=TrajNames("key", list(batch.keys)),
+                                             entropy=padded.get("entropy", None))
                 metrics.update(m)
                 fields[C_KEY] = response_to_nested(c, rmask_nested)
             out = TensorDict(fields, batch_size=[len(batch.keys)])
