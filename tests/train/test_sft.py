@@ -283,11 +283,11 @@ def shipped(tmp_path, monkeypatch, sft_dir) -> str:
     """A warm-starts folder holding the test's adapter as 'demo' (the tiny-random base)."""
     import shutil
 
-    from icsd_audit.train import config
+    from icsd_audit.train.config import warmstarts
 
     root = tmp_path / "warmstarts"
     shutil.copytree(sft_dir, root / "demo")
-    monkeypatch.setattr(config, "warm_starts_dir", lambda: root)
+    monkeypatch.setattr(warmstarts, "warm_starts_dir", lambda: root)
     return str(root / "demo")
 
 
