@@ -297,6 +297,8 @@ def _train(preset: str, o: dict[str, Any], *, resume: bool, resume_from: Optiona
                                f"[bold]{played.metrics_path}[/]; turns [bold]{played.turns_path}[/]",
                                highlight=False, soft_wrap=True)
         return
+    if engine != "verl" and cfg.verl_record_only:
+        raise ValueError(f"verl_record_only=true writes a verl command; it needs --engine verl, not {engine}")
     if engine != "builtin" and cfg.hybrid != "none":
         raise ValueError(f"--hybrid {cfg.hybrid} runs on the builtin engine only; drop --engine {engine}")
     if engine == "trl":  # train() probes for the builtin engine
