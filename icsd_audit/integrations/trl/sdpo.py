@@ -72,7 +72,7 @@ class ICSDSDPOTrainer(SDPOTrainer):
         """The SPEC 9 ``allocator`` block of the deployed weighting (read by ``record``)."""
         from icsd_audit.dumps.provenance import deployed_block
 
-        return deployed_block(self.icsd.allocator_kwargs(), alloc_scope="micro-batch", ratio_source="own-forward",
+        return deployed_block(self.icsd.allocator_settings(), alloc_scope="micro-batch", ratio_source="own-forward",
                               **{"lambda": float(self.args.distillation_weight)})
 
     def _icsd_batch_id(self) -> int:
@@ -96,7 +96,7 @@ class ICSDSDPOTrainer(SDPOTrainer):
             B = ids.size(0)
             alloc = allocate_padded(advantage=inputs["advantages"].float(), ratio=ratio, delta=delta,
                                     response_mask=mask, traj_id=torch.arange(B, device=ids.device),
-                                    batch_id=batch_id, **self.icsd.allocator_kwargs())
+                                    batch_id=batch_id, settings=self.icsd)
         self.icsd_last = alloc
         return alloc.c
 
