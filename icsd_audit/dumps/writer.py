@@ -26,6 +26,7 @@ processes that no longer run, and the reader skips them, warning about a staged 
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -43,7 +44,7 @@ from icsd_audit.dumps.provenance import allocator_block, json_safe, producer_blo
 from icsd_audit.dumps.reader import METADATA_KEY
 from icsd_audit.parquet_io import write_table
 
-__all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
+__all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "metadata_json", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
 _ARROW_TYPES = {
     "batch_id": pa.int64(), "traj_id": pa.int64(), "turn_id": pa.int32(), "pos": pa.int32(),
@@ -74,10 +75,16 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not (pa.types.is_floating(f.type) or pa.types.is_fixed_size_list(f.type))]
 
 
-def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
+def metadata_json(metadata: Mapping[str, Any]) -> bytes:
+    """The bytes stored under the shard metadata key for ``metadata`` (:func:`json_safe`, sorted keys)."""
+    return json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
+
+
+def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | bytes | None = None,
                        row_group_size: int = 1 << 17, compression: str = "zstd", exclusive: bool = False) -> Path:
     """Write ``table`` to ``path`` through a temporary file in the same directory, then rename.
 
+    ``metadata``: the ``icsd.dump`` block, or its bytes from :func:`metadata_json`.
     ``exclusive``: never replace an existing ``path`` (raise :class:`FileExistsError`);
     the complete file is published with a hard link, atomic on POSIX file systems.
     """
@@ -87,7 +94,7 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
         raise FileExistsError(errno.EEXIST, "shard exists; a dump writer never replaces a file", str(path))
     if metadata is not None:
         kv = dict(table.schema.metadata or {})
-        kv[METADATA_KEY.encode()] = json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
+        kv[METADATA_KEY.encode()] = metadata if isinstance(metadata, bytes) else metadata_json(metadata)
         table = table.replace_schema_metadata(kv)
     from icsd_audit.outputs import temp_prefix
 
@@ -183,6 +190,7 @@ class DumpWriter:
 
         remove_stale(self.out_dir)  # shards and staged steps of writers killed in this folder
         self._stage: Path | None = None
+        self._meta_cache: tuple[dict[str, Any], bytes] | None = None
         taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
         seqs = [int(m.group(1)) for q in self.out_dir.iterdir() if (m := taken.fullmatch(q.name))]
         self._seq = max(seqs) + 1 if seqs else 0
@@ -199,6 +207,10 @@ class DumpWriter:
         ``allocation``: this shard's deployed settings, in place of the writer's.
         """
         meta = self.metadata if allocation is None else {**self.metadata, "allocator": allocator_block(allocation)}
+        if allocation is None:  # one writer's shards share their metadata: encode it once (a step's shard is small)
+            if self._meta_cache is None or self._meta_cache[0] != meta:  # the block may be edited between shards
+                self._meta_cache = (copy.deepcopy(meta), metadata_json(meta))
+            meta = self._meta_cache[1]
         cols: dict[str, Any] = dict(batch_id=batch_id, traj_id=traj_id, turn_id=turn_id, advantage=advantage,
                                     ratio=ratio, delta=delta, **columns)
         arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))
