@@ -82,7 +82,7 @@ def _run(kind: str, model_dir: Path, root: Path, *, steps: int, length: int, rec
     """(median step seconds after the first, recorder seconds per step) of one training run."""
     from transformers import TrainerCallback
 
-    import icsd_audit.integrations.trl.record as R
+    import icsd_audit.integrations.trl.recorder as R
 
     times: list[float] = []
 

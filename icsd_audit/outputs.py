@@ -188,19 +188,30 @@ def _alive(pid: int) -> bool:
 
 def remove_stale(parent: str | Path) -> list[Path]:
     """Delete the temporaries in ``parent`` left by processes that no longer run."""
-    removed = []
+    removed: list[Path] = []
     parent = Path(parent)
-    with contextlib.suppress(OSError):
-        for entry in parent.iterdir():
-            m = _TEMP.fullmatch(entry.name)
-            pid = int(m.group("pid")) if m else 0
-            if m and m.group("host") == _host() and pid != os.getpid() and not _alive(pid):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        entry.unlink()
-                removed.append(entry)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    host = None
+    # runs before every staged step: a dump folder holds one entry per step, so the scan stays on plain names
+    for name in names:
+        if ".icsd-" not in name:
+            continue
+        m = _TEMP.fullmatch(name)
+        if m is None:
+            continue
+        host = _host() if host is None else host
+        pid = int(m.group("pid"))
+        if m.group("host") == host and pid != os.getpid() and not _alive(pid):
+            entry = parent / name
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            removed.append(entry)
     return removed
 
 

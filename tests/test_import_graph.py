@@ -164,3 +164,17 @@ def test_modules_fit_one_sitting() -> None:
 def test_folders_stay_narrow(folder: Path) -> None:
     n = sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
     assert n <= MAX_MODULES_PER_FOLDER, f"{folder.relative_to(ROOT)} holds {n} modules"
+
+
+def test_every_lazy_export_of_the_trl_package_is_the_named_object_in_any_import_order() -> None:
+    """A lazy name equal to a submodule's name would be replaced by that module once it is imported."""
+    pytest.importorskip("trl", reason="TRL not installed: pip install 'icsd-audit[trl]'")
+    code = ("import importlib, sys; import icsd_audit.integrations.trl as p; names = p._EXPORTS; "
+            "[importlib.import_module(m) for m in set(names.values())]; "
+            "exec('from icsd_audit.integrations.trl import ' + ', '.join(names)); "
+            "bad = [n for n in names if type(eval(n)).__name__ == 'module']; print(bad); sys.exit(1 if bad else 0)")
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr

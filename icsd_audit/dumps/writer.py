@@ -31,6 +31,7 @@ processes that no longer run, and the reader skips them, warning about a staged 
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -49,7 +50,7 @@ from icsd_audit.dumps.reader import METADATA_KEY
 from icsd_audit.dumps.store import StoreError, local_path, marker_name, put_new, store_of
 from icsd_audit.parquet_io import write_table
 
-__all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "dump_metadata", "dictionary_columns", "step_folder_name"]
+__all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "metadata_json", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
 _ARROW_TYPES = {
     "batch_id": pa.int64(), "traj_id": pa.int64(), "turn_id": pa.int32(), "pos": pa.int32(),
@@ -80,10 +81,16 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not (pa.types.is_floating(f.type) or pa.types.is_fixed_size_list(f.type))]
 
 
-def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | None = None,
+def metadata_json(metadata: Mapping[str, Any]) -> bytes:
+    """The bytes stored under the shard metadata key for ``metadata`` (:func:`json_safe`, sorted keys)."""
+    return json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
+
+
+def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[str, Any] | bytes | None = None,
                        row_group_size: int = 1 << 17, compression: str = "zstd", exclusive: bool = False) -> Path:
     """Write ``table`` to ``path`` through a temporary file in the same directory, then rename.
 
+    ``metadata``: the ``icsd.dump`` block, or its bytes from :func:`metadata_json`.
     ``exclusive``: never replace an existing ``path`` (raise :class:`FileExistsError`);
     the complete file is published with a hard link, atomic on POSIX file systems.
     """
@@ -117,15 +124,15 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, metadata: Mapping[s
     return path
 
 
-def _with_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:
+def _with_metadata(table: pa.Table, metadata: Mapping[str, Any] | bytes | None) -> pa.Table:
     if metadata is None:
         return table
     kv = dict(table.schema.metadata or {})
-    kv[METADATA_KEY.encode()] = json.dumps(json_safe(metadata), sort_keys=True, allow_nan=False).encode()
+    kv[METADATA_KEY.encode()] = metadata if isinstance(metadata, bytes) else metadata_json(metadata)
     return table.replace_schema_metadata(kv)
 
 
-def _shard_bytes(table: pa.Table, *, metadata: Mapping[str, Any] | None, row_group_size: int,
+def _shard_bytes(table: pa.Table, *, metadata: Mapping[str, Any] | bytes | None, row_group_size: int,
                  compression: str = "zstd") -> bytes:
     """A complete shard in memory, for a store where an object is created by one PUT."""
     table = _with_metadata(table, metadata)
@@ -202,6 +209,7 @@ class DumpWriter:
         self.rank = None if rank is None else int(rank)
         self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
         self._stage: Path | str | None = None
+        self._meta_cache: tuple[dict[str, Any], bytes] | None = None
         self._taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
         if self._store is not None:
             # a step's shards and its commit marker carry this (dumps/store.py): unique to this writer
@@ -262,6 +270,10 @@ class DumpWriter:
         ``allocation``: this shard's deployed settings, in place of the writer's.
         """
         meta = self.metadata if allocation is None else {**self.metadata, "allocator": allocator_block(allocation)}
+        if allocation is None:  # one writer's shards share their metadata: encode it once (a step's shard is small)
+            if self._meta_cache is None or self._meta_cache[0] != meta:  # the block may be edited between shards
+                self._meta_cache = (copy.deepcopy(meta), metadata_json(meta))
+            meta = self._meta_cache[1]
         cols: dict[str, Any] = dict(batch_id=batch_id, traj_id=traj_id, turn_id=turn_id, advantage=advantage,
                                     ratio=ratio, delta=delta, **columns)
         arrays = self._flatten(cols, None if mask is None else _to_numpy(mask).astype(bool))

@@ -5,7 +5,7 @@
 - :mod:`~icsd_audit.integrations.sdar` -- drop-in for verl-agent / SDAR forks
   (``compute_icsd_loss``, ``allocate_dataproto``, a dump hook, ``teacher_pass`` / ``turn_steps`` without SDAR);
 - :mod:`~icsd_audit.integrations.trl` -- ``ICSDGRPOTrainer``, ``record`` (any TRL GRPO/SDPO/SDFT run, unchanged:
-  :mod:`.trl.record`) and ``ICSDSDPOTrainer`` (:mod:`.trl.sdpo`) (needs ``icsd-audit[trl]``);
+  :mod:`.trl.recorder`) and ``ICSDSDPOTrainer`` (:mod:`.trl.sdpo`) (needs ``icsd-audit[trl]``);
 - :mod:`~icsd_audit.integrations.verl.plugin` -- the verl plug-in (needs ``icsd-audit[verl]``), ``recording``
   (:mod:`.verl.record`: any verl worker loss, unchanged); the worker loss in
   both allocation scopes (:mod:`.verl_loss`), ``icsd_sync`` (:mod:`.verl_trainer`), GiGPO (:mod:`.verl_gigpo`),

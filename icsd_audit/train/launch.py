@@ -44,6 +44,8 @@ def check_launch(cfg: TrainConfig, *, engine: str, dry_run: bool = False, gpus: 
         raise ValueError(f"--gpus {gpus}: must be >= 1")
     if cfg.policy != "model" and engine != "builtin":
         raise ValueError(f"--policy {cfg.policy} plays the built-in loop's rollouts; drop --engine {engine}")
+    if engine != "verl" and cfg.verl_record_only:
+        raise ValueError(f"verl_record_only=true writes a verl command; it needs --engine verl, not {engine}")
     if engine != "builtin" and cfg.hybrid != "none":
         raise ValueError(f"--hybrid {cfg.hybrid} runs on the builtin engine only; drop --engine {engine}")
 

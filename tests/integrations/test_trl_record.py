@@ -146,7 +146,7 @@ def _step0_logps(model_dir, d, prompts_by_task):
     """Student log-probs of step 0's tokens from the untrained model (the weights step 0 was computed with)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from icsd_audit.integrations.trl.record import prompt_hash
+    from icsd_audit.integrations.trl.recorder import prompt_hash
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -306,7 +306,7 @@ def test_importing_the_module_draws_no_random_number():
 
 
 def test_in_topk_equals_torch_topk_membership_ties_included():
-    from icsd_audit.integrations.trl.record import in_topk
+    from icsd_audit.integrations.trl.recorder import in_topk
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(4, 30, 50, generator=g)
@@ -351,7 +351,7 @@ def test_two_processes_record_a_shard_per_rank_and_train_unchanged(model_dir, tm
 
 def test_bad_value_names_trainer_key_and_row(model_dir, tmp_path):
     from icsd_audit.integrations.checks import BatchInputError
-    from icsd_audit.integrations.trl.record import recorder_of
+    from icsd_audit.integrations.trl.recorder import recorder_of
 
     tr = record(make_trainer("sdpo:sampled_token:1.0", model_dir, tmp_path / "o"), tmp_path / "d")
     B, T = 2, 3
@@ -383,7 +383,7 @@ def test_gradient_accumulation_writes_one_folder_per_optimizer_step(model_dir, t
 
 def test_sequence_level_ratio_is_the_completions_mean_log_ratio(model_dir, tmp_path):
     """importance_sampling_level='sequence' (GSPO): the recorded ratio is TRL's per-completion exp(mean log-ratio)."""
-    from icsd_audit.integrations.trl.record import recorder_of
+    from icsd_audit.integrations.trl.recorder import recorder_of
 
     tr = record(make_trainer("grpo", model_dir, tmp_path / "o"), tmp_path / "d")
     tr.importance_sampling_level = "sequence"

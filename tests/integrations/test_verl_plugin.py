@@ -46,11 +46,16 @@ def test_each_registry_gets_our_names_when_verl_loads_it():
                "from verl.trainer.distillation.losses import get_distillation_loss_fn\n"
                "print(get_distillation_loss_fn('icsd_sign').__name__)\n"
                "from verl.trainer.ppo.v1 import get_trainer_cls\n"
-               "print(get_trainer_cls('icsd_sync').__name__, sorted(m.registered()))")
+               "print(get_trainer_cls('icsd_sync').__name__, sorted(m.registered()))\n"
+               "from verl.trainer.ppo.v1.trainer_base import PPOTrainer\n"
+               "from verl.trainer.ppo.ray_trainer import RayPPOTrainer\n"
+               "print(PPOTrainer.init.__icsd_record__, RayPPOTrainer.init_workers.__icsd_record__)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-3:] == [
+    assert r.stdout.strip().splitlines()[-4:] == [
         "compute_gigpo_advantage False", "icsd_distillation_loss",
-        "ICSDTrainerSync ['verl.trainer.distillation.losses', 'verl.trainer.ppo.core_algos', 'verl.trainer.ppo.v1']"]
+        "ICSDTrainerSync ['verl.trainer.distillation.losses', 'verl.trainer.ppo.core_algos', "
+        "'verl.trainer.ppo.ray_trainer', 'verl.trainer.ppo.v1', 'verl.trainer.ppo.v1.trainer_base']",
+        "True True"]  # the +icsd.record switch on v1 (record.register_switch), the legacy refusal
     assert "cannot register" not in r.stderr
 
 

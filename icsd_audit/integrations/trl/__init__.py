@@ -4,7 +4,7 @@
   self-teacher, and its ``ICSDConfig``;
 - :mod:`~icsd_audit.integrations.trl.rollout` -- whole episodes of the built-in environments as a ``rollout_func``;
 - :mod:`~icsd_audit.integrations.trl.run` -- the run folder of ``icsd train --engine trl``;
-- :mod:`~icsd_audit.integrations.trl.record` -- ``record(trainer, dump_dir)``: any GRPO, SDPO or SDFT run
+- :mod:`~icsd_audit.integrations.trl.recorder` -- ``record(trainer, dump_dir)``: any GRPO, SDPO or SDFT run
   recorded without changing its training;
 - :mod:`~icsd_audit.integrations.trl.sdpo` -- ``ICSDSDPOTrainer``: SDPO's distillation term weighted by ``c``.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 _EXPORTS = {**{name: "icsd_audit.integrations.trl.trainer"
                for name in ("ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm")},
-            "record": "icsd_audit.integrations.trl.record", "ICSDSDPOTrainer": "icsd_audit.integrations.trl.sdpo"}
+            "record": "icsd_audit.integrations.trl.recorder", "ICSDSDPOTrainer": "icsd_audit.integrations.trl.sdpo"}
 
 __all__ = list(_EXPORTS)
 

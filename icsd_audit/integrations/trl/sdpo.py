@@ -20,7 +20,7 @@ process) the micro-batch is the optimizer step; otherwise each micro-batch is al
 the step on rank r of W, as the verl loss numbers them).
 
 With ``icsd.dump_dir`` set the run is recorded with
-:func:`~icsd_audit.integrations.trl.record.record` and the ``c`` column is the deployed ``c``, so
+:func:`~icsd_audit.integrations.trl.recorder.record` and the ``c`` column is the deployed ``c``, so
 ``icsd audit verify`` recomputes it from the dump.
 """
 
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from icsd_audit.integrations.core import AllocationSettings, allocate_padded
-from icsd_audit.integrations.trl.record import (ACTIVE_CAPTURE, LossCapture, wrap_term_functions, record,
+from icsd_audit.integrations.trl.recorder import (ACTIVE_CAPTURE, LossCapture, wrap_term_functions, record,
                                                 sampled_token_logps, teacher_token_logps)
 
 try:

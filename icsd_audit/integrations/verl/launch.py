@@ -39,6 +39,10 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         model_path = str(out / "model") if cfg.model in ("embedded", "tiny-random") else cfg.model
     loops = str(agent_loop_config) if agent_loop_config is not None else str(out / "agent_loops.yaml")
     mini = _mini_batch_prompts(cfg)
+    record_only = bool(getattr(cfg, "verl_record_only", False))
+    if record_only and cfg.adv_estimator == "gigpo":
+        raise EngineUnavailable("verl_record_only=true runs verl's own sync trainer, which has no GiGPO (its anchors come "
+                         "from icsd_sync): use --adv grpo")
     # the run's estimator: verl's grpo, or gigpo (registered by our plug-in, anchors from icsd_sync)
     if cfg.adv_estimator == "gigpo":
         adv = ["algorithm.adv_estimator=gigpo", f"algorithm.gamma={cfg.gamma}"]
@@ -47,6 +51,14 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         adv = [f"algorithm.adv_estimator={cfg.adv_estimator}",
                f"algorithm.norm_adv_by_std_in_grpo={'true' if cfg.norm_adv_by_std else 'false'}"]
         icsd_adv = []
+    if record_only:  # verl's own trainer and loss, recorded (icsd_audit.integrations.verl.record.register_switch)
+        icsd = ["+icsd.record=true", f"+icsd.dump_dir={out}/dumps"]
+    else:  # every allocator setting, from the one list (TrainConfig.allocation: AllocatorSettings' fields), and lambda
+        icsd = [f"+icsd.distill_coef={cfg.effective_distill_coef}",
+                *(f"+icsd.{k}={cfg.allocator if k == 'allocator' else v}" for k, v in cfg.allocation().to_dict().items()),
+                f"+icsd.skillbank={cfg.skillbank_name}",
+                f"+icsd.skill_mode={cfg.teacher_skill_mode}",  # skill_bank_mode='general': the general block only
+                f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv]
     return [
         *adv,
         f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
@@ -75,19 +87,14 @@ def verl_overrides(cfg: Any, *, n_gpus: int = 1, nnodes: int = 1, data_dir: str 
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP}",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=icsd_sync",
+        "trainer.use_v1=true", f"trainer.v1.trainer_mode={'sync' if record_only else 'icsd_sync'}",
         f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nnodes}",
         f"trainer.total_training_steps={cfg.total_steps}", f"trainer.default_local_dir={out}/checkpoints",
         "trainer.resume_mode=auto",  # running the command again continues from verl's newest checkpoint there
         f"trainer.test_freq={cfg.eval_every if cfg.eval_every > 0 else -1}", "trainer.val_before_train=false",
         f"trainer.logger=[{','.join(['console', *_report_to(cfg)])}]", "trainer.project_name=icsd",
         f"trainer.experiment_name={out.name}",
-        # every allocator setting, from the one list (TrainConfig.allocation: AllocatorSettings' fields), and lambda
-        f"+icsd.distill_coef={cfg.effective_distill_coef}",
-        *(f"+icsd.{k}={cfg.allocator if k == 'allocator' else v}" for k, v in cfg.allocation().to_dict().items()),
-        f"+icsd.skillbank={cfg.skillbank_name}",
-        f"+icsd.skill_mode={cfg.teacher_skill_mode}",  # skill_bank_mode='general': the general block only
-        f"+icsd.dump_dir={out}/dumps", f"+icsd.alloc_scope={cfg.alloc_scope}", *icsd_adv,
+        *icsd,
     ]
 
 

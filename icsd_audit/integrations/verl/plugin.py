@@ -17,6 +17,10 @@ that off), so importing this module costs only the standard library: it
    .losses``                         losses (:mod:`.distill`), after checking the
                                      ``ICSD_*`` variables they read (:func:`.loss.scope_from_env`)
    ``verl.trainer.ppo.v1``           the ``icsd_sync`` trainer (:mod:`.trainer`)
+   ``verl.trainer.ppo.v1             the ``+icsd.record=true`` switch on every v1
+   .trainer_base``                   trainer (:func:`.record.register_switch`)
+   ``verl.trainer.ppo.ray_trainer``  the legacy trainer's one-line refusal of that switch
+                                     (:func:`.record.refuse_legacy`)
    ================================  ==================================================
 
    Before each registration the signatures of the verl callables already loaded are
@@ -54,6 +58,8 @@ REGISTRATIONS = {
     "verl.trainer.ppo.core_algos": ("icsd_audit.integrations.verl.gigpo", "register_estimator"),
     "verl.trainer.distillation.losses": ("icsd_audit.integrations.verl.distill", "register_losses"),
     "verl.trainer.ppo.v1": ("icsd_audit.integrations.verl.trainer", "register"),
+    "verl.trainer.ppo.v1.trainer_base": ("icsd_audit.integrations.verl.record", "register_switch"),
+    "verl.trainer.ppo.ray_trainer": ("icsd_audit.integrations.verl.record", "refuse_legacy"),
 }
 
 #: the names re-exported on first use, and the module each comes from

@@ -42,7 +42,7 @@ from icsd_audit.integrations.checks import check_values
 from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
 from icsd_audit.integrations.verl.loss import STEP_KEY, TRAJ_KEY, micro_batch_trajectories
 
-__all__ = ["recording"]
+__all__ = ["recording", "SWITCH_OPTIONS", "switch_settings", "worker_loss", "register_switch", "refuse_legacy"]
 
 _STEP_STRIDE = 1_000_000
 
@@ -188,3 +188,101 @@ def recording(loss_fn: Callable[..., Any], dump_dir: str | Path, *,
     functools.update_wrapper(recorded, getattr(loss_fn, "func", loss_fn))
     recorded.__signature__ = sig  # type: ignore[attr-defined]
     return recorded
+
+
+# ---------------------------------------------------------------------------------------- +icsd.record=true
+
+#: the ``icsd`` options the switch reads (``+icsd.record=true``, optionally ``+icsd.dump_dir=...``)
+SWITCH_OPTIONS = ("record", "dump_dir")
+#: where the switch writes without ``+icsd.dump_dir``: under verl's ``trainer.default_local_dir``
+DEFAULT_DUMP_SUBDIR = "icsd_dumps"
+
+
+def switch_settings(config: Any) -> tuple[bool, str]:
+    """``(record?, dump_dir)`` from a verl config's ``icsd`` section; ``ValueError`` naming a bad option.
+
+    ``record`` must be a boolean; with it, any other ``icsd`` option than :data:`SWITCH_OPTIONS` is
+    refused (they configure ``icsd_sync``, which the switch does not run).
+    """
+    node = config.get("icsd") if hasattr(config, "get") else None
+    if node is None or not node.get("record", False):
+        return False, ""
+    rec = node.get("record")
+    if not isinstance(rec, bool):
+        raise ValueError(f"icsd.record={rec!r}: give true or false")
+    other = sorted(set(node.keys()) - set(SWITCH_OPTIONS))
+    if other:
+        raise ValueError(f"icsd.record=true records verl's own loss and takes only +icsd.dump_dir; "
+                         f"icsd option(s) {other} configure trainer_mode=icsd_sync")
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync") if config.trainer.get("use_v1", False) else None
+    if mode is None:
+        raise ValueError("icsd.record=true needs verl's v1 trainer (trainer.use_v1=true); the legacy trainer is "
+                         "not supported")
+    if mode == "icsd_sync":
+        raise ValueError("icsd.record=true records verl's own loss; trainer_mode=icsd_sync writes its own dumps "
+                         "(+icsd.dump_dir) and is not recorded")
+    dump_dir = str(node.get("dump_dir") or f"{config.trainer.default_local_dir}/{DEFAULT_DUMP_SUBDIR}")
+    return True, dump_dir
+
+
+def worker_loss(config: Any) -> Callable[..., Any]:
+    """The actor loss verl's v1 worker builds from ``config`` (``engine_workers.ActorRolloutRefWorker``):
+    ``partial(distillation_ppo_loss, config=..., distillation_config=...)`` with distillation enabled, else
+    ``partial(ppo_loss, config=...)``."""
+    from verl.trainer.distillation import distillation_ppo_loss, is_distillation_enabled
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    dist = config.get("distillation")
+    if is_distillation_enabled(dist):
+        return functools.partial(distillation_ppo_loss, config=actor, distillation_config=omega_conf_to_dataclass(dist))
+    return functools.partial(ppo_loss, config=actor)
+
+
+def register_switch() -> None:
+    """Make ``+icsd.record=true`` work on verl's v1 trainers (once per process; the plug-in calls it).
+
+    verl's ``PPOTrainer.init`` gets a pass-through wrapper: it checks the ``icsd`` section first
+    (:func:`switch_settings`: a bad option stops before any worker starts) and, with
+    ``icsd.record=true``, after verl's own init hands the actor workers :func:`recording` of the loss
+    they built (:func:`worker_loss`) through ``actor_rollout_wg.set_loss_fn``.  Without the option
+    nothing changes.
+    """
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    orig = PPOTrainer.init
+    if getattr(orig, "__icsd_record__", False):
+        return
+
+    def init(self: Any) -> None:
+        on, dump_dir = switch_settings(self.config)
+        orig(self)
+        if on:
+            mode = self.config.trainer.v1.trainer_mode
+            self.actor_rollout_wg.set_loss_fn(recording(worker_loss(self.config), dump_dir,
+                                                        producer={"trainer": f"verl v1 {mode}"}))
+
+    functools.update_wrapper(init, orig)
+    init.__icsd_record__ = True  # type: ignore[attr-defined]
+    PPOTrainer.init = init
+
+
+def refuse_legacy() -> None:
+    """``+icsd.record=true`` on verl's legacy trainer (``RayPPOTrainer``) stops in one line at ``init_workers``."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    orig = RayPPOTrainer.init_workers
+    if getattr(orig, "__icsd_record__", False):
+        return
+
+    def init_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        node = self.config.get("icsd")
+        if node is not None and node.get("record", False):
+            raise ValueError("icsd.record=true needs verl's v1 trainer (trainer.use_v1=true); the legacy trainer is "
+                             "not supported")
+        return orig(self, *args, **kwargs)
+
+    functools.update_wrapper(init_workers, orig)
+    init_workers.__icsd_record__ = True  # type: ignore[attr-defined]
+    RayPPOTrainer.init_workers = init_workers

@@ -213,6 +213,8 @@ class TrainConfig:
     """Skip the no-grad ratio pass on a step's first mini-batch, where the policy is still the rollout policy (ratio = 1 exactly); not for 'fisher', which needs the pass's score norms."""
     alloc_scope: str = "mini-batch"
     """Where the allocation is fitted: 'mini-batch' (the SPEC's batch: one allocation per actor mini-batch from a no-grad ratio pre-pass) or 'micro-batch' (each gradient micro-batch allocates from its own forward: no extra pass, as the paper and SDAR's code do; batch_id = 1000 * mini-batch id + micro index)."""
+    verl_record_only: bool = False
+    """icsd train --engine verl only: write a command that trains with verl's own v1 sync trainer and its own loss (ppo_loss, or distillation_ppo_loss where the command is given verl's distillation.* options) and records it with +icsd.record=true into OUT/dumps, instead of the icsd_sync trainer; the allocator settings are not used (apply them afterwards with icsd audit). Needs adv_estimator='grpo'."""
     teacher_rescore: bool = False
     """Re-score the teacher with the current weights on every mini-batch after a step's first (one extra no-grad teacher forward per mini-batch); False keeps SDAR's timing: the teacher is scored once per step with the rollout weights."""
 
