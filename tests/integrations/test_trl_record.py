@@ -25,7 +25,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from icsd_audit.integrations.trl.record import record  # noqa: E402
+from icsd_audit.integrations.trl import record  # noqa: E402
 from icsd_audit.train.models.loading import tiny_random_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.engines

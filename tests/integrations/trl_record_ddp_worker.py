@@ -12,7 +12,7 @@ import datasets  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl.experimental.sdpo import SDPOConfig, SDPOTrainer  # noqa: E402
 
-from icsd_audit.integrations.trl.record import record  # noqa: E402
+from icsd_audit.integrations.trl import record  # noqa: E402
 
 
 def main() -> None:
