@@ -43,6 +43,10 @@ EXPECTED_SIGNATURES: dict[str, tuple[str, ...]] = {
     "verl.trainer.distillation.losses:DistillationLossSettings.__init__": ("self", "_target_", "names", "use_topk",
                                                                          "use_estimator"),
     "verl.trainer.distillation.losses:distillation_loss": ("config", "distillation_config", "model_output", "data"),
+    # the +icsd.record=true switch rebuilds the worker's own loss from the config (integrations/verl/record.py)
+    "verl.trainer.distillation:distillation_ppo_loss": ("config", "distillation_config", "model_output", "data",
+                                                       "dp_group"),
+    "verl.trainer.distillation:is_distillation_enabled": ("config",),
     "verl.experimental.agent_loop.agent_loop:AgentLoopBase.__init__": ("self", "trainer_config", "server_manager",
                                                                       "tokenizer", "processor", "dataset_cls",
                                                                       "data_config"),
