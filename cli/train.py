@@ -125,7 +125,7 @@ def train_cmd(
         "cpu-demo", help="Starting configuration: paper (Table A1) or cpu-demo; with --env searchqa or alfworld "
                          "their variants."),
     env: Optional[str] = typer.Option(
-        None, help="Environment (built-in: webshop, searchqa, alfworld; alfworld: pip install 'icsd\\[alfworld]')."),
+        None, help="Environment (built-in: webshop, searchqa, alfworld, clue; alfworld: pip install 'icsd-audit\\[alfworld]')."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     model: Optional[str] = typer.Option(None, help="Local HF model folder, 'embedded' (SmolLM2-135M) or 'tiny-random'."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder (metrics.jsonl, dumps/, checkpoints/)."),
@@ -367,7 +367,7 @@ def eval_cmd(
         None, help="Prompt and rollout settings to evaluate with: paper or cpu-demo (default: cpu-demo for a model; "
                    "paper with --policy expert, whose episodes need the paper's turn budget)."),
     env: Optional[str] = typer.Option(
-        None, help="Environment (built-in: webshop, searchqa, alfworld; alfworld: pip install 'icsd\\[alfworld]')."),
+        None, help="Environment (built-in: webshop, searchqa, alfworld, clue; alfworld: pip install 'icsd-audit\\[alfworld]')."),
     env_url: Optional[str] = typer.Option(None, help="URL of a real WebShop server instead of the built-in one."),
     tasks: Optional[int] = typer.Option(None, help="Number of held-out instructions (the first N of the split)."),
     max_turns: Optional[int] = typer.Option(None, help="Turn budget per episode."),

@@ -31,6 +31,7 @@ processes that no longer run, and the reader skips them, warning about a staged 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
@@ -420,10 +421,8 @@ class StepCommit:
             names, w._staged_names = list(w._staged_names), []
             folder = w._store[1] + str(self.target)[len(str(w.out_dir)):]
             for n in names:
-                try:
+                with contextlib.suppress(OSError):  # an object the store already lost: nothing left to remove
                     w._store[0].rm_file(f"{folder}/{n}")
-                except OSError:
-                    pass
             return
         shutil.rmtree(self.staged, ignore_errors=True)
 
