@@ -71,3 +71,12 @@ def test_tests_mirror_the_package() -> None:
         assert (PKG / sub).is_dir() and (ROOT / "tests" / sub).is_dir(), sub
     prefixed = [p for p in PKG.rglob("*.py") if p.parent != PKG and p.stem.startswith(p.parent.name.rstrip("s"))]
     assert not prefixed, f"modules repeating their folder's name: {prefixed}"
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject.toml lists its packages by name: a new subpackage missing from the list is left out of a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PKG.rglob("__init__.py")}
+    assert on_disk - listed == set(), sorted(on_disk - listed)
