@@ -19,7 +19,7 @@ MAX_MODULES_PER_FOLDER = 12
 
 #: layer of each top-level part; an import may only point to the same or a lower layer
 LAYERS = {
-    "tokens": 0, "outputs": 0, "threads": 0, "version": 0, "paths": 0, "moved": 0, "parquet_io": 0, "data_schemas": 0,
+    "tokens": 0, "outputs": 0, "threads": 0, "version": 0, "paths": 0, "moved": 0, "parquet_io": 0, "lazy": 0, "data_schemas": 0,
     "alloc": 1, "stats": 1, "grads": 2, "dumps": 2, "audit": 3, "report": 4, "runs": 4, "envs": 4,
     "train": 5, "integrations": 6, "cli": 7,
 }

@@ -17,8 +17,7 @@ first use, so ``icsd_audit.alloc.settings`` (and the CLI's help) imports no torc
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from icsd_audit.lazy import lazy_getattr
 
 _EXPORTS = {
     "allocate": "icsd_audit.alloc.variants", "Allocation": "icsd_audit.alloc.variants",
@@ -31,9 +30,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

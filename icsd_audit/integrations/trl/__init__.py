@@ -13,8 +13,7 @@ The trainer's names load on first use, so importing this package does not import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from icsd_audit.lazy import lazy_getattr
 
 _EXPORTS = {**{name: "icsd_audit.integrations.trl.trainer"
                for name in ("ICSDConfig", "ICSDGRPOTrainer", "skill_teacher_prompt", "tcm")},
@@ -22,9 +21,4 @@ _EXPORTS = {**{name: "icsd_audit.integrations.trl.trainer"
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

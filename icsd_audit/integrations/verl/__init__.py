@@ -18,8 +18,7 @@ The plug-in's names load on first use, so importing this package neither imports
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from icsd_audit.lazy import lazy_getattr
 
 _EXPORTS = {**{name: "icsd_audit.integrations.verl.plugin"
                for name in ("C_KEY", "TEACHER_KEY", "TESTED_VERL", "VerlCompatError", "MicroBatchScope", "icsd_ppo_loss",
@@ -28,9 +27,4 @@ _EXPORTS = {**{name: "icsd_audit.integrations.verl.plugin"
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
