@@ -8,7 +8,8 @@ from typing import Any, List, Optional
 import typer
 
 from . import options as O
-from .common import audit_settings, check_output_file, handle_errors, set_threads, stderr_console
+from .common import (audit_settings, check_backend, check_output_file, handle_errors, set_threads, stderr_console,
+                     thread_count)
 from .apps import audit_app
 
 
@@ -20,6 +21,8 @@ def coeffs(
     out: Path = typer.Option(..., "--out", "-o", help="Output Parquet file (written atomically)."),
     allocator: Optional[str] = O.ALLOCATOR,
     seed: Optional[int] = O.SEED_ALLOCATOR,
+    backend: str = O.BACKEND,
+    ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Write every input column plus g, u, m, c (float64) and fallback, in input row order.
@@ -31,10 +34,11 @@ def coeffs(
     """
     from icsd_audit.audit.coeffs import compute_coefficients
 
+    check_backend(backend, ray_address)
     check_output_file(out, paths)
     set_threads()
     opts = audit_settings(paths, allocator=allocator, **settings, seed=seed).deployed
-    s = compute_coefficients(paths, out, opts)
+    s = compute_coefficients(paths, out, opts, backend=backend, ray_address=ray_address, workers=thread_count())
     stderr_console().print(
         f"[bold]{out}[/]: {s.n_rows:,} rows, {s.n_tokens:,} valid tokens, {s.n_batches} batches, "
         f"{s.n_turns:,} turns; fallback share {s.fallback_share:.2%}; "

@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 
 from . import options as O
-from .common import audit_settings, handle_errors, set_threads
+from .common import audit_settings, check_backend, handle_errors, set_threads, thread_count
 from .apps import audit_app
 
 
@@ -29,6 +29,8 @@ def gradcos(
     clip_eps: float = O.CLIP_EPS,
     dual_clip: float = O.DUAL_CLIP,
     as_json: bool = O.JSON,
+    backend: str = O.BACKEND,
+    ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Per-batch cos(RL direction, distillation direction) for base, compare and permuted controls.
@@ -41,12 +43,14 @@ def gradcos(
         raise ValueError(f"--permutations must be >= 0, got {permutations}")
     if blocks < 0:
         raise ValueError(f"--blocks must be >= 0 (0: skip the jackknife), got {blocks}")
+    check_backend(backend, ray_address)
     set_threads()
     s = audit_settings(paths, flags={"allocator": "--compare"}, allocator=compare, **settings, seed=seed)
     base_opts, compare_opts = s.pair(base, compare)
     res = run_gradcos(paths, base=base_opts, compare=compare_opts, permutations=permutations,
                       seed=0 if seed is None else seed, n_resamples=resamples, confidence_level=confidence,
-                      clip_eps=clip_eps, dual_clip=dual_clip, blocks=blocks)
+                      clip_eps=clip_eps, dual_clip=dual_clip, blocks=blocks, backend=backend, ray_address=ray_address,
+                      workers=thread_count())
     payload = res.to_dict()
     if as_json:
         sys.stdout.write(json.dumps(payload, allow_nan=False) + "\n")

@@ -14,7 +14,8 @@ from typing import Any, Iterator, List, Optional
 import typer
 
 from . import options as O
-from .common import audit_settings, handle_errors, set_threads, stderr_console, thread_count, without_options
+from .common import (audit_settings, check_backend, handle_errors, set_threads, stderr_console, thread_count,
+                     without_options)
 from .apps import audit_app
 
 #: --by value that audits each group of files deployed with the same settings on its own
@@ -38,15 +39,6 @@ def _check_by(by: Optional[str]) -> None:
 
     if by is not None and by not in (*BY_COLUMNS, BY_SETTINGS):
         raise ValueError(f"--by must be one of {', '.join((*BY_COLUMNS, BY_SETTINGS))}, got {by!r}")
-
-
-def _check_backend(backend: str, ray_address: Optional[str]) -> None:
-    from icsd_audit.audit.run import BACKENDS
-
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if ray_address is not None and backend != "ray":
-        raise ValueError("--ray-address needs --backend ray")
 
 
 def _triples(d: Any, prefix: str = "", by: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -102,7 +94,8 @@ def undefined_lines(payload: dict[str, Any]) -> list[str]:
     return [f"n/a for {by}={g.get('key')}: {g['undefined']}." for g in payload.get("groups", []) if g.get("undefined")]
 
 
-def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dict[str, Any], **request: Any) -> None:
+def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dict[str, Any], backend: str,
+                     ray_address: Optional[str], **request: Any) -> None:
     """``--by settings``: each group of files deployed alike, audited with its own settings."""
     from icsd_audit.audit.settings import settings_groups
     from icsd_audit.audit.run import run_audit_groups
@@ -114,7 +107,7 @@ def _run_by_settings(statistic: str, paths: List[str], as_json: bool, flags: dic
             print(f"note: {line}", file=sys.stderr)
         groups.append((s.recorded.label() if s.recorded is not None else "not recorded", files,
                        _request(s, by=None, **request)))
-    res = run_audit_groups(groups, statistics=(statistic,), by=BY_SETTINGS)
+    res = run_audit_groups(groups, statistics=(statistic,), by=BY_SETTINGS, backend=backend, ray_address=ray_address)
     payload = getattr(res, statistic).to_dict()
     for g, (_, files, req) in zip(payload["groups"], groups):
         g.update(files=[str(f) for f in files], base=req.base.allocator, compare=req.compare.allocator)
@@ -156,14 +149,12 @@ def _stat_command(statistic: str, doc: str, example: str) -> None:
         *, settings: dict[str, Any],
     ) -> None:
         _check_by(by)
-        _check_backend(backend, ray_address)
+        check_backend(backend, ray_address)
         flags = dict(allocator=compare, **settings, seed=seed)
         request = dict(base=base, compare=compare, seed=seed, resamples=resamples, confidence=confidence, unit=unit,
                        clip_eps=clip_eps, dual_clip=dual_clip)
         if by == BY_SETTINGS:
-            if backend != "local":
-                raise ValueError("--by settings runs on --backend local only")
-            _run_by_settings(statistic, paths, as_json, flags, **request)
+            _run_by_settings(statistic, paths, as_json, flags, backend, ray_address, **request)
             return
         _run(statistic, paths, as_json, _request(audit_settings(paths, flags=COMPARE_FLAG, **flags), by=by, **request),
              backend=backend, ray_address=ray_address)
@@ -207,7 +198,7 @@ def landscape(
     """
     from icsd_audit.audit.run import run_landscape
 
-    _check_backend(backend, ray_address)
+    check_backend(backend, ray_address)
     set_threads()
     settings = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     req = _request(settings, base, compare, seed, resamples, confidence, "action-turn", None)

@@ -15,7 +15,7 @@ import typer
 
 from . import options as O
 from .apps import audit_app
-from .common import audit_settings, handle_errors, set_threads, stderr_console, thread_count
+from .common import audit_settings, check_backend, handle_errors, set_threads, stderr_console, thread_count
 
 _COVARIATES = ("entropy", "logp", "pos", "abs_delta")
 #: --compare names the allocator of the deployed side: giving it replaces the recorded one
@@ -81,6 +81,8 @@ def strata(
     confidence: float = O.CONFIDENCE,
     seed: Optional[int] = O.SEED,
     as_json: bool = O.JSON,
+    backend: str = O.BACKEND,
+    ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Token strata: per bin of a per-token covariate, each allocation's token share, mass share, intensity
@@ -94,12 +96,20 @@ def strata(
     if by not in _COVARIATES:
         raise ValueError(f"--by must be one of {', '.join(_COVARIATES)}, got {by!r}")
     StrataSpec(by, bins, top)  # --bins with --top: one line before any file is read
+    check_backend(backend, ray_address)
     set_threads()
     s = audit_settings(paths, flags=COMPARE_FLAG, allocator=compare, **settings, seed=seed)
     b, c = s.pair(base, compare)
     req = AuditRequest(base=b, compare=c, n_resamples=resamples, confidence_level=confidence,
                        seed=0 if seed is None else seed, eps=c.eps, workers=thread_count())
-    from icsd_audit.audit.strata import run_strata
+    if backend == "ray":
+        from functools import partial
+
+        from icsd_audit.audit.strata_ray import run_strata_ray
+
+        run_strata = partial(run_strata_ray, ray_address=ray_address)
+    else:
+        from icsd_audit.audit.strata import run_strata
 
     if not as_json and sys.stderr.isatty():
         with stderr_console().status("reading and allocating batches") as status:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List
+from typing import List, Optional
 
 import typer
 
 from . import options as O
-from .common import handle_errors, set_threads
+from .common import check_backend, handle_errors, set_threads, thread_count
 from .apps import audit_app
 
 #: exit status when a batch differs (bad input is 2, as for every command)
@@ -18,7 +18,8 @@ EXIT_DIFFERS = 1
 
 @audit_app.command("verify")
 @handle_errors
-def verify(paths: List[str] = O.PATHS, as_json: bool = O.JSON) -> None:
+def verify(paths: List[str] = O.PATHS, as_json: bool = O.JSON, backend: str = O.BACKEND,
+           ray_address: Optional[str] = O.RAY_ADDRESS) -> None:
     """Recompute each batch with the settings its file records and compare with the stored g, m, c.
 
     Batches are recomputed in float64 from the stored inputs with the allocator settings each file records
@@ -30,8 +31,9 @@ def verify(paths: List[str] = O.PATHS, as_json: bool = O.JSON) -> None:
     """
     from icsd_audit.audit.verify import verify_dumps
 
+    check_backend(backend, ray_address)
     set_threads()
-    res = verify_dumps(paths)
+    res = verify_dumps(paths, backend=backend, ray_address=ray_address, workers=thread_count())
     if as_json:
         sys.stdout.write(json.dumps(res.to_dict(), allow_nan=False) + "\n")
     else:

@@ -91,6 +91,14 @@ def stderr_console() -> Any:
     return Console(stderr=True)
 
 
+def check_backend(backend: str, ray_address: Any) -> None:
+    """``--backend`` is local or ray, and ``--ray-address`` comes with ray only: one line before any work."""
+    if backend not in ("local", "ray"):
+        raise ValueError(f"--backend must be one of local, ray, got {backend!r}")
+    if ray_address is not None and backend != "ray":
+        raise ValueError("--ray-address needs --backend ray")
+
+
 def thread_count() -> int:
     """Audit workers (:func:`~icsd_audit.audit.threads.audit_workers`): ``ICSD_THREADS``, else the cores, at most 8."""
     from icsd_audit.audit.threads import audit_workers

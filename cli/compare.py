@@ -48,7 +48,8 @@ def _print_tables(tables: Any, footer: str) -> None:
 @app.command("compare")
 @handle_errors
 def compare_cmd(
-    paths: List[Path] = typer.Argument(..., help="Run folders (any engine), or folders holding them.", readable=False),
+    paths: List[str] = typer.Argument(..., help="Run folders (any engine), or folders holding them; on an object "
+                                      "store too (s3://, gs://, hf://, memory://; the cloud extra).", readable=False),
     metric: Optional[str] = typer.Option(
         None, "--metric", help="metrics.jsonl key to score runs by: eval/success, rollout/success, alloc/tcm, ..."),
     last: Optional[int] = typer.Option(
@@ -108,7 +109,7 @@ def compare_cmd(
         from icsd_audit.runs.render import comparison_owns, write_comparison
 
         for r in runs:
-            if out.resolve() == r.path.resolve():
+            if isinstance(r.path, Path) and out.resolve() == r.path.resolve():
                 raise fail(f"{out}: --out is the run folder {r.name}; an output never replaces an input")
         check_output_dir(out, [], owned=comparison_owns)
         written = write_comparison(out, cmp, curve_set)

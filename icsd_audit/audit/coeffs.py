@@ -39,7 +39,8 @@ from icsd_audit.stats.budget import check_resources
 from icsd_audit.outputs import check_output_file, reserve, temp_dir, write_failed
 from icsd_audit.audit.threads import single_threaded_maths
 
-__all__ = ["CoeffsSummary", "iter_allocations", "compute_coefficients", "merged_metadata"]
+__all__ = ["CoeffsSummary", "BatchCoeffs", "batch_coeffs", "iter_allocations", "compute_coefficients",
+           "merged_metadata"]
 
 #: columns coeffs writes (replacing deployed ones of the same name)
 OUTPUT_COLUMNS = ("g", "u", "m", "c", "fallback")
@@ -69,6 +70,61 @@ class CoeffsSummary:
         return self.fallback_tokens / self.n_tokens if self.n_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class BatchCoeffs:
+    """One batch's recomputed coefficients (float64; ``rows``: their global input rows) and its summary terms."""
+
+    rows: np.ndarray
+    g: np.ndarray
+    u: np.ndarray
+    m: np.ndarray
+    c: np.ndarray
+    fallback: np.ndarray
+    n_tokens: int
+    n_turns: int
+    fallback_tokens: int
+    sum_g: float
+    sum_c: float
+    mass_error: float
+    diagnostics: dict[str, Any]
+
+
+def batch_coeffs(batch: TokenBatch, opts: AllocatorOptions) -> BatchCoeffs:
+    """Allocate one batch with ``opts``: what every backend of :func:`compute_coefficients` computes per batch."""
+    alloc = allocate_batch(batch.tokens, opts)
+    d = alloc.diagnostics
+    return BatchCoeffs(rows=batch.global_row, g=alloc.g.numpy(), u=alloc.u.numpy(), m=alloc.m.numpy(),
+                       c=alloc.c.numpy(), fallback=alloc.fallback.numpy(), n_tokens=d.n_tokens, n_turns=d.n_turns,
+                       fallback_tokens=int(alloc.fallback.sum()), sum_g=float(alloc.g.sum()),
+                       sum_c=float(alloc.c.sum()), mass_error=_turn_mass_error(batch, alloc),
+                       diagnostics={"batch_id": batch.batch_id, **d.to_dict()})
+
+
+def coeffs_part(paths: Sequence[str], opts: AllocatorOptions, batch_id: int) -> BatchCoeffs:
+    """One batch's :class:`BatchCoeffs`, read by this process (what a Ray task runs)."""
+    import warnings
+
+    from icsd_audit.audit.ray_backend import worker_reader
+    from icsd_audit.audit.threads import one_intra_op_thread
+
+    reader = worker_reader(paths, None, tuple(required_columns(opts.allocator)))
+    with one_intra_op_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the driver has shown them
+        return batch_coeffs(reader.batch(batch_id), opts)
+
+
+def _batch_coeffs(reader: DumpReader, paths: Sequence[str | Path], opts: AllocatorOptions, backend: str,
+                  ray_address: str | None, workers: int) -> Iterator[BatchCoeffs]:
+    """Every batch's :class:`BatchCoeffs` in batch order: here, or by Ray tasks (``backend="ray"``)."""
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import ray_parts
+
+        yield from ray_parts(coeffs_part, paths, (opts,), reader.batch_ids, address=ray_address, workers=workers)
+        return
+    for batch in reader:
+        yield batch_coeffs(batch, opts)
+
+
 def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
     """Largest |sum c - sum g| over the batch's turns, relative to the turn's sum g."""
     t = batch.tokens
@@ -79,13 +135,20 @@ def _turn_mass_error(batch: TokenBatch, alloc: Allocation) -> float:
 
 
 @single_threaded_maths
-def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions | None = None
-                         ) -> CoeffsSummary:
+def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: AllocatorOptions | None = None, *,
+                         backend: str = "local", ray_address: str | None = None, workers: int = 1) -> CoeffsSummary:
     """Write every input column plus g, u, m, c (float64) and fallback (bool), in input row order.
 
     ``opts``: the allocator settings; ``None`` recomputes what was deployed, with the
     settings the dumps record (:func:`~icsd_audit.audit.settings.deployed_options`).
+    ``backend="ray"``: each batch allocated by a Ray task (:mod:`icsd_audit.audit.ray_backend`;
+    ``ray_address``: the cluster, default a local one of ``workers`` CPUs), written here in
+    batch order: the same file as ``"local"``.
     """
+    from icsd_audit.audit.run import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     out = check_output_file(out, [f for f in resolve_paths(paths) if isinstance(f, Path)] if paths else [])
     if opts is None:
         from icsd_audit.audit.settings import deployed_options
@@ -98,19 +161,18 @@ def compute_coefficients(paths: Sequence[str | Path], out: str | Path, opts: All
     with temp_dir(out, "coeffs") as tmp:
         store = {k: _scratch(Path(tmp) / f"{k}.f64", np.float64, reader.n_rows, out) for k in ("g", "u", "m", "c")}
         fb = _scratch(Path(tmp) / "fallback.bool", np.bool_, reader.n_rows, out)
-        for batch, alloc in iter_allocations(reader, opts):
+        for part in _batch_coeffs(reader, paths, opts, backend, ray_address, workers):
             for k in store:
-                store[k][batch.global_row] = getattr(alloc, k).numpy()
-            fb[batch.global_row] = alloc.fallback.numpy()
-            d = alloc.diagnostics
-            summary.n_tokens += d.n_tokens
+                store[k][part.rows] = getattr(part, k)
+            fb[part.rows] = part.fallback
+            summary.n_tokens += part.n_tokens
             summary.n_batches += 1
-            summary.n_turns += d.n_turns
-            summary.fallback_tokens += int(alloc.fallback.sum())
-            summary.sum_g += float(alloc.g.sum())
-            summary.sum_c += float(alloc.c.sum())
-            summary.max_turn_mass_error = max(summary.max_turn_mass_error, _turn_mass_error(batch, alloc))
-            summary.diagnostics.append({"batch_id": batch.batch_id, **d.to_dict()})
+            summary.n_turns += part.n_turns
+            summary.fallback_tokens += part.fallback_tokens
+            summary.sum_g += part.sum_g
+            summary.sum_c += part.sum_c
+            summary.max_turn_mass_error = max(summary.max_turn_mass_error, part.mass_error)
+            summary.diagnostics.append(part.diagnostics)
 
         meta = merged_metadata(reader)
         meta["audit_coeffs"] = {"allocator": opts.to_dict()}

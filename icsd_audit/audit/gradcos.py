@@ -28,7 +28,7 @@ from icsd_audit.alloc.permutation import permuted_coefficients
 from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.audit.threads import single_threaded_maths
 
-__all__ = ["GradcosSummary", "CosineRows", "batch_source", "batch_cosines", "summarize", "run_gradcos",
+__all__ = ["GradcosSummary", "CosineRows", "batch_source", "batch_cosines", "summarize", "run_gradcos", "gradcos_part",
            "JACKKNIFE_MAX_PERM"]
 
 #: permutations entering the jackknife (its cost grows with every weighting)
@@ -252,6 +252,13 @@ class CosineRows:
         else:
             self.skipped.append((int(batch_id), _why_undefined(tokens, self.clip_eps, self.dual_clip)))
 
+    def merge(self, part: "CosineRows") -> None:
+        """Append ``part``'s batches after these (what adding them here gives)."""
+        self.ids.extend(part.ids)
+        self.rows.extend(part.rows)
+        self.jack.extend(part.jack)
+        self.skipped.extend(part.skipped)
+
     def undefined(self) -> str | None:
         """Why no batch has a cosine (None when some batch has one)."""
         if self.rows:
@@ -272,18 +279,68 @@ def permutation_matrix(tokens: Tokens, opts: AllocatorOptions, n: int, seed: int
     return permuted_coefficients(tokens, opts, seeds=[seed + 1 + p for p in range(n)]).numpy()
 
 
+@dataclass(frozen=True)
+class _Task:
+    """What each batch's cosines need besides the batch."""
+
+    base: AllocatorOptions
+    compare: AllocatorOptions
+    with_perm: bool
+    permutations: int
+    seed: int
+    clip_eps: float
+    dual_clip: float
+    blocks: int
+
+    def rows(self) -> CosineRows:
+        return CosineRows(with_perm=self.with_perm, clip_eps=self.clip_eps, dual_clip=self.dual_clip)
+
+
+def _add_batch(rows: CosineRows, reader: DumpReader, batch: TokenBatch, task: _Task) -> None:
+    """One batch's cosines (and jackknife replicates) into ``rows``."""
+    path = str(reader.paths[int(batch.file_index[0])])
+    source = batch_source(batch, path, paths=reader.paths)
+    weights, _ = weight_pair(batch.tokens, task.base, task.compare)
+    perm = permutation_matrix(batch.tokens, task.compare, task.permutations, task.seed) if task.with_perm else None
+    cos, j = batch_cosines(batch.tokens, weights, source, perm, clip_eps=task.clip_eps, dual_clip=task.dual_clip,
+                           blocks=task.blocks)
+    rows.add(batch.batch_id, batch.tokens, cos, j)
+
+
+def gradcos_part(paths: Sequence[str], task: _Task, batch_id: int) -> CosineRows:
+    """One batch's cosines, read by this process (what a Ray task runs)."""
+    import warnings
+
+    from icsd_audit.audit.ray_backend import worker_reader
+    from icsd_audit.audit.threads import one_intra_op_thread
+
+    reader = worker_reader(paths, None, tuple(required_columns(task.base.allocator, task.compare.allocator)))
+    rows = task.rows()
+    with one_intra_op_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the driver has shown them
+        _add_batch(rows, reader, reader.batch(batch_id), task)
+    return rows
+
+
 @single_threaded_maths
 def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions | None = None,
                 compare: AllocatorOptions | None = None, permutations: int = 20, seed: int = 0,
                 n_resamples: int = 10_000, confidence_level: float = 0.95, clip_eps: float = 0.2,
-                dual_clip: float = 3.0, blocks: int = 8) -> GradcosSummary:
+                dual_clip: float = 3.0, blocks: int = 8, backend: str = "local", ray_address: str | None = None,
+                workers: int = 1) -> GradcosSummary:
     """Stream the dumps and compute the SPEC 8 compatibility summary.
 
     The permutation control shuffles ICSD's calibrated scores (SPEC 5 ``permuted``),
     so it runs when ``compare`` is ``icsd``; other compare allocators get none.
     ``base`` / ``compare`` left ``None``: SDAR and the deployed allocator, with the
-    settings the dumps record (SPEC 9).
+    settings the dumps record (SPEC 9).  ``backend="ray"``: each batch's cosines computed
+    by a Ray task (:mod:`icsd_audit.audit.ray_backend`; ``ray_address``: the cluster,
+    default a local one of ``workers`` CPUs), collected here in batch order: the same result.
     """
+    from icsd_audit.audit.run import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if base is None or compare is None:
         from icsd_audit.audit.settings import audit_settings
 
@@ -297,15 +354,17 @@ def run_gradcos(paths: Sequence[str | Path], *, base: AllocatorOptions | None = 
     reader = DumpReader(paths, columns=None, require=required_columns(base.allocator, compare.allocator))
     with_perm = compare.allocator == "icsd" and permutations > 0
     check_resources(reader, workers=1, permutations=permutations if with_perm else 0, n_resamples=n_resamples)
-    rows = CosineRows(with_perm=with_perm, clip_eps=clip_eps, dual_clip=dual_clip)
-    for batch in reader:
-        path = str(reader.paths[int(batch.file_index[0])])
-        source = batch_source(batch, path, paths=reader.paths)
-        weights, _ = weight_pair(batch.tokens, base, compare)
-        perm = permutation_matrix(batch.tokens, compare, permutations, seed) if with_perm else None
-        cos, j = batch_cosines(batch.tokens, weights, source, perm, clip_eps=clip_eps, dual_clip=dual_clip,
-                               blocks=blocks)
-        rows.add(batch.batch_id, batch.tokens, cos, j)
+    task = _Task(base=base, compare=compare, with_perm=with_perm, permutations=permutations, seed=seed,
+                 clip_eps=clip_eps, dual_clip=dual_clip, blocks=blocks)
+    rows = task.rows()
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import ray_parts
+
+        for part in ray_parts(gradcos_part, paths, (task,), reader.batch_ids, address=ray_address, workers=workers):
+            rows.merge(part)
+    else:
+        for batch in reader:
+            _add_batch(rows, reader, batch, task)
     return rows.summarize(base_name=base.allocator, compare_name=compare.allocator,
                           n_permutations=permutations if with_perm else 0, n_resamples=n_resamples,
                           confidence_level=confidence_level, seed=seed)

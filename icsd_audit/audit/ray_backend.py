@@ -24,7 +24,8 @@ import re
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["RayUnavailable", "batch_part", "landscape_part", "ray_parts", "worker_reader"]
+__all__ = ["RayUnavailable", "RayUnits", "batch_part", "landscape_part", "ray_parts", "ray_session", "ray_bootstrap",
+           "worker_reader"]
 
 _READERS: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
 
@@ -33,15 +34,17 @@ class RayUnavailable(OSError):
     """``--backend ray`` without Ray installed, or a cluster that cannot be reached: one line."""
 
 
-def worker_reader(paths: Sequence[str], columns: tuple[str, ...], require: tuple[str, ...]) -> Any:
-    """This worker process's reader of ``paths`` (footers read once per process, not once per batch)."""
+def worker_reader(paths: Sequence[str], columns: tuple[str, ...] | None, require: tuple[str, ...]) -> Any:
+    """This worker process's reader of ``paths`` (footers read once per process, not once per batch);
+    ``columns=None``: every column."""
     from icsd_audit.dumps.reader import DumpReader
 
     key = (tuple(paths), columns, require)
     if key not in _READERS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the driver has shown them
-            _READERS[key] = DumpReader(list(paths), columns=list(columns), require=list(require))
+            _READERS[key] = DumpReader(list(paths), columns=None if columns is None else list(columns),
+                                       require=list(require))
         while len(_READERS) > 2:
             _READERS.popitem(last=False)
     return _READERS[key]
@@ -101,7 +104,9 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def _cluster(address: str | None, workers: int) -> Iterator[Any]:
+def ray_session(address: str | None = None, workers: int = 1) -> Iterator[Any]:
+    """The Ray module with a cluster attached for the block: one already initialized, else ``address``, else a
+    local one of ``workers`` CPUs on the loopback (shut down at the end); :func:`ray_parts` inside it reuse it."""
     ray = _ray()
     if ray.is_initialized():
         yield ray
@@ -134,7 +139,7 @@ def ray_parts(part: Callable[..., Any], paths: Sequence[Any], args: tuple, batch
     holds a bounded number of parts whatever order they finish in.
     """
     names = [str(p) for p in paths]
-    with _cluster(address, workers) as ray:
+    with ray_session(address, workers) as ray:
         task = ray.remote(num_cpus=1, max_retries=0)(_run_part)
         shared = ray.put(args)  # sent to the object store once, not once per task
         window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
@@ -149,6 +154,41 @@ def ray_parts(part: Callable[..., Any], paths: Sequence[Any], args: tuple, batch
             nxt = next(todo, None)
             if nxt is not None:
                 pending.append(task.remote(part, names, shared, int(nxt)))
+
+
+class RayUnits:
+    """The bootstrap's work units as Ray tasks (a :data:`~icsd_audit.stats.resample.UnitRunner`): the engine (the
+    per-turn sums of every family) goes to the object store once per engine, each unit is one task, results come
+    back in unit order."""
+
+    def __init__(self, ray: Any):
+        self.ray = ray
+        self.task = ray.remote(num_cpus=1, max_retries=0)(_run_unit)
+        self.engine: Any = None
+        self.ref: Any = None
+
+    def __call__(self, engine: Any, units: Sequence[int]) -> list[Any]:
+        if engine is not self.engine:
+            self.engine, self.ref = engine, self.ray.put(engine)
+        refs = [self.task.remote(self.ref, int(u)) for u in units]
+        return [_get(self.ray, r) for r in refs]
+
+
+def _run_unit(engine: Any, unit: int) -> Any:
+    """One work unit's resampled sums, OpenBLAS on one thread as in the driver's own pool."""
+    from icsd_audit.stats.blas import BlasThreads
+
+    with BlasThreads(1):
+        return engine.block(unit)
+
+
+@contextlib.contextmanager
+def ray_bootstrap(address: str | None = None, workers: int = 1) -> Iterator[Any]:
+    """:func:`ray_session`, and inside it the bootstrap's work units as Ray tasks (:class:`RayUnits`)."""
+    from icsd_audit.stats.resample import unit_runner
+
+    with ray_session(address, workers) as ray, unit_runner(RayUnits(ray)):
+        yield ray
 
 
 def _run_part(part: Callable[..., Any], paths: list[str], args: tuple, batch_id: int) -> Any:

@@ -10,6 +10,7 @@ per action turn.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -96,22 +97,24 @@ def run_audit(
         check_bootstrap(req.n_resamples, n_stat, n_batches=len(reader.batch_ids))
     acc = new_accumulator(req, statistics)
     n = len(reader.batch_ids)
-    if backend == "ray":
-        from icsd_audit.audit.ray_backend import batch_part, ray_parts
-
-        for i, part in enumerate(ray_parts(batch_part, paths, (req, acc.statistics), reader.batch_ids,
-                                           address=ray_address, workers=req.workers)):
-            acc.merge(part)
-            if progress is not None:
-                progress(i + 1, n)
-    else:
+    if backend == "local":
         for i, (batch, weights, u) in enumerate(weighted_batches(prefetch(reader), req.base, req.compare,
                                                                   workers=req.workers)):
             add_batch(acc, reader, req, batch, weights, u)
             if progress is not None:
                 progress(i + 1, n)
-    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
-                        rng=req.seed, workers=req.workers)
+        return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
+                            rng=req.seed, workers=req.workers)
+    from icsd_audit.audit.ray_backend import batch_part, ray_bootstrap, ray_parts
+
+    with ray_bootstrap(ray_address, req.workers):  # the map, then the bootstrap's work units, on one cluster
+        for i, part in enumerate(ray_parts(batch_part, paths, (req, acc.statistics), reader.batch_ids,
+                                           address=ray_address, workers=req.workers)):
+            acc.merge(part)
+            if progress is not None:
+                progress(i + 1, n)
+        return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, unit=req.unit,
+                            rng=req.seed, workers=req.workers)
 
 
 def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = None) -> dict:
@@ -140,16 +143,25 @@ def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = N
 
 @single_threaded_maths
 def run_audit_groups(groups: Sequence[tuple[Any, Sequence[str | Path], AuditRequest]], *, statistics: Sequence[str],
-                     by: str = "settings") -> AuditResults:
+                     by: str = "settings", backend: str = "local", ray_address: str | None = None) -> AuditResults:
     """Audit each group ``(key, files, request)`` on its own and return one result per key (``by``).
 
     For files deployed with different settings (``--by settings``): every group is
-    allocated with its own settings and bootstrapped on its own turns.
+    allocated with its own settings and bootstrapped on its own turns.  ``backend="ray"``:
+    every group's batches as Ray tasks on one cluster (:func:`run_audit`), the same bits.
     """
     keys = tuple(k for k, _, _ in groups)
     if len(set(keys)) != len(keys):
         raise ValueError(f"group keys must be distinct, got {list(keys)}")
-    results = [run_audit(files, req, statistics=statistics) for _, files, req in groups]
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    with contextlib.ExitStack() as stack:
+        if backend == "ray":  # one cluster for every group, not one start-up per group
+            from icsd_audit.audit.ray_backend import ray_bootstrap
+
+            stack.enter_context(ray_bootstrap(ray_address, max((r.workers for _, _, r in groups), default=1)))
+        results = [run_audit(files, req, statistics=statistics, backend=backend, ray_address=ray_address)
+                   for _, files, req in groups]
     return AuditResults(**{s: GroupedResult(by, keys, tuple(getattr(r, s) for r in results)) for s in statistics})
 
 
@@ -175,14 +187,16 @@ def run_landscape(paths: Sequence[str | Path], req: AuditRequest | None = None, 
     check_resources(reader, workers=req.workers, landscape=True)
     acc = LandscapeAccumulator(grid=grid, base_name=req.base.allocator, compare_name=req.compare.allocator,
                                ranks=landscape_ranks(reader, grid))
-    if backend == "ray":
-        from icsd_audit.audit.ray_backend import landscape_part, ray_parts
+    if backend == "local":
+        for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
+            acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
+        return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
+                            workers=req.workers)
+    from icsd_audit.audit.ray_backend import landscape_part, ray_bootstrap, ray_parts
 
+    with ray_bootstrap(ray_address, req.workers):
         for part in ray_parts(landscape_part, paths, (req, acc.ranks, grid), reader.batch_ids, address=ray_address,
                               workers=req.workers):
             acc.merge(part)
-    else:
-        for batch, weights, _ in weighted_batches(prefetch(reader), req.base, req.compare, workers=req.workers):
-            acc.add(batch.tokens, weights, env=batch.tokens.columns.get("env"))
-    return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
-                        workers=req.workers)
+        return acc.finalize(n_resamples=req.n_resamples, confidence_level=req.confidence_level, rng=req.seed,
+                            workers=req.workers)

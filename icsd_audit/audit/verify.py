@@ -32,7 +32,7 @@ from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch,
 from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = ["STORAGE_RTOL", "STORAGE_ATOL", "CHECKED", "ColumnCheck", "BatchCheck", "VerifyResult", "verify_dumps",
-           "file_settings"]
+           "verify_part", "file_settings"]
 
 STORAGE_RTOL = 2.0 ** -23
 STORAGE_ATOL = 2.0 ** -126
@@ -187,31 +187,61 @@ def _check_columns(reader: DumpReader) -> tuple[str, ...]:
 
 @single_threaded_maths
 def verify_dumps(paths: Sequence[str | Path], *, rtol: float = STORAGE_RTOL, atol: float = STORAGE_ATOL,
-                 progress: Callable[[int, int], None] | None = None) -> VerifyResult:
+                 progress: Callable[[int, int], None] | None = None, backend: str = "local",
+                 ray_address: str | None = None, workers: int = 1) -> VerifyResult:
     """Recompute every batch of the dumps at ``paths`` with its recorded settings and compare ``g``, ``m``, ``c``.
 
     Bad input (no recorded settings, none of the columns, a batch spread over files
     with different settings, a value the reader refuses) raises
-    :class:`~icsd_audit.dumps.reader.DumpError`.
+    :class:`~icsd_audit.dumps.reader.DumpError`.  ``backend="ray"``: each batch checked by
+    a Ray task (:mod:`icsd_audit.audit.ray_backend`; ``ray_address``: the cluster, default a
+    local one of ``workers`` CPUs), collected here in batch order: the same result.
 
     >>> res = verify_dumps(["runs/cpu-demo/dumps"])        # doctest: +SKIP
     >>> res.ok, [b.line() for b in res.differing]
     """
+    from icsd_audit.audit.run import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     files = resolve_paths(paths)
     names = {m["allocator"]["allocator"] for m in map(read_metadata, files) if records_settings(m)}
-    reader = DumpReader(files, columns=list(CHECKED), require=required_columns(*names))
+    require = tuple(required_columns(*names))
+    reader = DumpReader(files, columns=list(CHECKED), require=list(require))
     # the files the reader keeps (a resumed folder's superseded shards are left out, as every audit leaves them)
     opts = [file_settings(p, m) for p, m in zip(reader.paths, reader.metadata())]
     checked = _check_columns(reader)
     out: list[BatchCheck] = []
     n = len(reader.batch_ids)
-    for i, batch in enumerate(prefetch(reader)):
-        out.append(_verify_batch(batch, reader.paths, opts, checked, rtol, atol))
+    if backend == "ray":
+        from icsd_audit.audit.ray_backend import ray_parts
+
+        checks = ray_parts(verify_part, [str(f) for f in files], (require, tuple(opts), checked, rtol, atol),
+                           reader.batch_ids, address=ray_address, workers=workers)
+    else:
+        checks = (_verify_batch(batch, reader.paths, opts, checked, rtol, atol) for batch in prefetch(reader))
+    for i, check in enumerate(checks):
+        out.append(check)
         if progress is not None:
             progress(i + 1, n)
     distinct = {tuple(sorted(o.to_dict().items())): o.to_dict() for o in opts}
     return VerifyResult(tuple(out), tuple(str(p) for p in reader.paths), checked, rtol, atol,
                         tuple(distinct.values()))
+
+
+def verify_part(paths: Sequence[str], require: tuple[str, ...], opts: Sequence[AllocatorOptions],
+                checked: Sequence[str], rtol: float, atol: float, batch_id: int) -> BatchCheck:
+    """One batch's check, read by this process (what a Ray task runs; ``paths``: the driver's resolved files, so
+    the file indices of ``opts`` are this reader's)."""
+    import warnings
+
+    from icsd_audit.audit.ray_backend import worker_reader
+    from icsd_audit.audit.threads import one_intra_op_thread
+
+    reader = worker_reader(paths, CHECKED, require)
+    with one_intra_op_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the driver has shown them
+        return _verify_batch(reader.batch(batch_id), reader.paths, opts, checked, rtol, atol)
 
 
 def _verify_batch(batch: TokenBatch, paths: Sequence[Path], opts: Sequence[AllocatorOptions], checked: Sequence[str],

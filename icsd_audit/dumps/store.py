@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["is_url", "local_path", "StoreFile", "store_of", "list_files", "committed", "marker_name", "shard_session",
-           "put_new", "StoreError", "Listing", "CLOUD_HINT"]
+__all__ = ["is_url", "local_path", "StoreFile", "store_of", "find_objects", "store_object", "list_files", "committed",
+           "marker_name", "shard_session", "put_new", "StoreError", "Listing", "CLOUD_HINT"]
 
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://(?P<rest>.*)", re.S)
 #: a shard written into a step folder of an object store: its writer's session in the name
@@ -110,9 +110,29 @@ class StoreFile:
         """The URL of the folder holding it (a key, not a location to open)."""
         return self.url.rstrip("/").rsplit("/", 1)[0]
 
-    def open(self) -> Any:
-        """A seekable binary file object for pyarrow."""
-        return self.fs.open(self.path, "rb")
+    def open(self, mode: str = "rb") -> Any:
+        """A seekable binary file object (for pyarrow, or read line by line)."""
+        if mode != "rb":
+            raise ValueError(f"{self.url}: a store object is opened for reading only ('rb'), not {mode!r}")
+        try:
+            return self.fs.open(self.path, "rb")
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreError(self.url, f"cannot read this object ({_first_line(exc)})") from None
+
+    def is_file(self) -> bool:
+        """Whether the object exists (what ``Path.is_file`` says of a local file)."""
+        try:
+            return bool(self.fs.isfile(self.path))
+        except (OSError, ValueError) as exc:
+            raise StoreError(self.url, f"cannot look this object up ({_first_line(exc)})") from None
+
+
+def store_object(url: str) -> StoreFile:
+    """The object named by ``url`` (which need not exist yet)."""
+    fs, path = store_of(url)
+    return StoreFile(url.rstrip("/"), fs, path)
 
 
 def _url_of(scheme_url: str, root_path: str, path: str) -> str:
@@ -132,18 +152,16 @@ class Listing:
     uncommitted: list[str]
 
 
-def list_files(url: str, *, scratch: re.Pattern, staged: re.Pattern) -> Listing:
-    """Every committed ``*.parquet`` object at or below ``url``, in sorted order.
+def find_objects(url: str) -> tuple[Any, str, bool, list[str]]:
+    """(filesystem, its path of ``url``, whether ``url`` is one object, every object path at or below it).
 
-    Objects below a hidden scratch folder of an icsd writer are skipped (staged steps
-    are reported), session-named shards without their commit marker too
-    (:func:`committed`; reported). A URL that names nothing is a :class:`StoreError`.
+    A URL that names nothing is a :class:`StoreError` (``no such file or directory``), and so
+    is a store that cannot be listed.
     """
     fs, root = store_of(url)
-    base = url.rstrip("/")
     try:
         if fs.isfile(root):
-            return Listing([StoreFile(base, fs, root)], [], [])
+            return fs, root, True, [root]
         listing = fs.find(root, withdirs=False, detail=False)
     except (OSError, ValueError) as exc:  # s3fs turns botocore's errors into OSError subclasses
         raise StoreError(url, f"cannot list this location ({_first_line(exc)})") from None
@@ -151,9 +169,23 @@ def list_files(url: str, *, scratch: re.Pattern, staged: re.Pattern) -> Listing:
         raise StoreError(url, f"cannot list this location ({type(exc).__name__}: {_first_line(exc)})") from None
     if not listing:
         raise StoreError(url, "no such file or directory")
+    return fs, root, False, sorted(listing)
+
+
+def list_files(url: str, *, scratch: re.Pattern, staged: re.Pattern) -> Listing:
+    """Every committed ``*.parquet`` object at or below ``url``, in sorted order.
+
+    Objects below a hidden scratch folder of an icsd writer are skipped (staged steps
+    are reported), session-named shards without their commit marker too
+    (:func:`committed`; reported). A URL that names nothing is a :class:`StoreError`.
+    """
+    fs, root, single, listing = find_objects(url)
+    base = url.rstrip("/")
+    if single:
+        return Listing([StoreFile(base, fs, root)], [], [])
     folders: dict[str, list[str]] = {}
     staged_seen: list[str] = []
-    for p in sorted(listing):
+    for p in listing:
         rel = p[len(root):].lstrip("/") if p.startswith(root) else p
         parts = rel.split("/")
         hidden = [x for x in parts[:-1] if scratch.fullmatch(x)]

@@ -182,7 +182,7 @@ _CONFIG_SETTINGS = {"allocator": "allocator", "trust": "trust", "trust_beta": "t
                     "influence_eta": "influence_eta", "min_group": "min_group", "alloc_eps": "eps", "alloc_seed": "seed"}
 
 
-def deployed_settings(run: Run, folder: Path) -> Any:
+def deployed_settings(run: Run, folder: Path | str) -> Any:
     """The allocator settings ``run``'s dumps in ``folder`` were deployed with (an ``AuditSettings``).
 
     ``icsd audit``'s rule: the settings recorded in the shards (SPEC 9); shards deployed with
@@ -210,8 +210,26 @@ def deployed_settings(run: Run, folder: Path) -> Any:
     return s
 
 
+def _dumps_folder(run: Run) -> Path | str | None:
+    """The run's ``dumps/`` (a path, or a URL for a run on a store) when it holds a ``*.parquet`` file, else None."""
+    if isinstance(run.path, Path):
+        folder = run.path / "dumps"
+        return folder if folder.is_dir() and any(folder.rglob("*.parquet")) else None
+    from icsd_audit.dumps.store import StoreError, find_objects
+
+    url = run.path.rstrip("/") + "/dumps"
+    try:
+        _, _, single, objects = find_objects(url)
+    except StoreError as exc:
+        if exc.reason == "no such file or directory":
+            return None
+        raise
+    return url if not single and any(o.endswith(".parquet") for o in objects) else None
+
+
 def dump_series(run: Run, *, progress: Any = None) -> dict[str, Series]:
-    """Per-step TCM and sign-region shares recomputed from ``run``'s dumps (``dumps/`` in the run folder).
+    """Per-step TCM and sign-region shares recomputed from ``run``'s dumps (``dumps/`` in the run folder, on disk
+    or on the run's object store).
 
     The deployed side uses the settings the dumps record (:func:`deployed_settings`, as
     ``icsd audit`` does), the trust side SDAR with the same trust settings; point estimates
@@ -220,8 +238,10 @@ def dump_series(run: Run, *, progress: Any = None) -> dict[str, Series]:
     """
     from icsd_audit.audit.run import AuditRequest, run_audit
 
-    folder = Path(run.path) / "dumps"
-    if not folder.is_dir() or not any(folder.rglob("*.parquet")) or (run.config or {}).get("allocator") == "none":
+    if (run.config or {}).get("allocator") == "none":
+        return {}
+    folder = _dumps_folder(run)
+    if folder is None:
         return {}
     settings = deployed_settings(run, folder)
     base, compare = settings.pair()

@@ -5,6 +5,11 @@ or ``config.json`` -- what ``icsd train`` writes with any engine.  Given a paren
 :func:`find_runs` walks it for run folders (not into them).  A path that is not a run
 folder and holds none is reported, never guessed at.
 
+Run folders may also sit on an object store: a path ``SCHEME://...`` (``s3://``, ``gs://``,
+``hf://``, ``memory://``; the ``cloud`` extra) is listed and read through fsspec
+(:mod:`icsd_audit.dumps.store`), with the same rules; such a run's ``path`` is its URL (a
+string), and ``file://`` is a local path.
+
 ``metrics.jsonl`` holds one JSON object per logged step.  A key absent from a record
 was not logged at that step; a key present with ``null`` was logged as a non-finite
 number (the writer turns NaN and infinities into null).  :class:`Series` keeps the two
@@ -22,13 +27,17 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from icsd_audit.runs.jsonl import MAX_LINE_BYTES, RunError, read_records
 
-__all__ = ["Run", "Series", "RunError", "find_runs", "load_run", "load_runs", "is_run_folder", "RUN_MARKERS"]
+if TYPE_CHECKING:  # the store's module is imported where a URL is given (the dumps package imports pyarrow)
+    from icsd_audit.dumps.store import StoreFile
+
+__all__ = ["Run", "Series", "RunError", "find_runs", "load_run", "load_runs", "is_run_folder", "location", "run_file",
+           "RUN_MARKERS"]
 
 #: Files whose presence makes a directory a run folder.
 RUN_MARKERS = ("run.json", "metrics.jsonl", "config.json")
@@ -54,9 +63,12 @@ class Series:
 
 @dataclass(frozen=True)
 class Run:
-    """A run folder read into memory: config, manifest (``run.json``) and metric columns."""
+    """A run folder read into memory: config, manifest (``run.json``) and metric columns.
 
-    path: Path
+    ``path``: the folder (a ``Path``), or its URL for a run on an object store.
+    """
+
+    path: Path | str
     name: str
     config: Mapping[str, Any] | None
     manifest: Mapping[str, Any] | None
@@ -95,15 +107,72 @@ def is_run_folder(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in RUN_MARKERS)
 
 
-def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[tuple[str, str]]]:
+def location(raw: str | Path) -> Path | str:
+    """A local path (also ``file://``), or the URL of a store location as given (``SCHEME://...``)."""
+    if isinstance(raw, Path) or "://" not in raw:
+        return Path(raw)
+    from icsd_audit.dumps.store import local_path
+
+    p = local_path(raw)
+    return p if p is not None else raw
+
+
+def run_file(folder: Path | str, name: str) -> Path | StoreFile:
+    """The file ``name`` of a run folder: a local path, or the object of a run on a store (by URL)."""
+    if isinstance(folder, Path):
+        return folder / name
+    from icsd_audit.dumps.store import store_object
+
+    return store_object(folder.rstrip("/") + "/" + name)
+
+
+def _store_runs(url: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """:func:`find_runs` of one store URL: the topmost folders holding a run marker, in the order a walk of
+    sorted folders meets them (hidden folders and :data:`_NOT_RUNS` below ``url`` not entered)."""
+    from icsd_audit.dumps.store import StoreError, find_objects
+
+    try:
+        _, root, single, objects = find_objects(url)
+    except StoreError as exc:
+        if exc.reason == "no such file or directory":
+            raise FileNotFoundError(2, "no such file or directory", url) from None
+        raise
+    if single:
+        return [], [(url, "not a run folder (a file)")]
+    folders: dict[str, set[str]] = {}
+    for p in objects:
+        parent, _, name = p[len(root):].strip("/").rpartition("/")
+        folders.setdefault(parent, set()).add(name)
+    found: list[str] = []
+    for rel in sorted((f for f, names in folders.items() if not names.isdisjoint(RUN_MARKERS)),
+                      key=lambda f: f.split("/") if f else []):
+        parts = rel.split("/") if rel else []
+        if any(x.startswith(".") or x in _NOT_RUNS for x in parts):
+            continue
+        if any(not f or rel.startswith(f + "/") for f in found):
+            continue  # inside a run folder: not walked
+        found.append(rel)
+    base = url.rstrip("/")
+    if not found:
+        return [], [(url, f"not a run folder: no {', '.join(RUN_MARKERS)} in it or below it")]
+    return [f"{base}/{rel}" if rel else base for rel in found], []
+
+
+def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path | str], list[tuple[str, str]]]:
     """Run folders under ``paths`` (each a run folder or a parent of some), and the paths that held none.
 
     A path that does not exist is an error (``FileNotFoundError``); a file or a folder
     without runs comes back in the second list with the reason, to be named and left out.
     """
-    found: list[Path] = []
+    found: list[Path | str] = []
     skipped: list[tuple[str, str]] = []
-    for p in map(Path, paths):
+    for raw in paths:
+        p = location(raw)
+        if isinstance(p, str):
+            runs, left = _store_runs(p)
+            found.extend(runs)
+            skipped.extend(left)
+            continue
         if not os.path.lexists(p):
             raise FileNotFoundError(2, "no such file or directory", str(p))
         if is_run_folder(p):
@@ -117,10 +186,10 @@ def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[tuple[str, 
             found.extend(below)
         else:
             skipped.append((str(p), f"not a run folder: no {', '.join(RUN_MARKERS)} in it or below it"))
-    seen: set[Path] = set()
+    seen: set[Path | str] = set()
     unique = []
     for f in found:
-        key = f.resolve()
+        key = f.resolve() if isinstance(f, Path) else f
         if key not in seen:
             seen.add(key)
             unique.append(f)
@@ -139,13 +208,15 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path | StoreFile) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_LINE_BYTES:
+    with path.open("rb") as fh:
+        raw = fh.read(MAX_LINE_BYTES + 1)
+    if len(raw) > MAX_LINE_BYTES:
         raise RunError(f"{path}: larger than {MAX_LINE_BYTES // 2**20} MiB (MAX_LINE_BYTES), not a run's settings")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise RunError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
     except ValueError as exc:
@@ -157,7 +228,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _eval_records(path: Path, keep: Callable[[str], bool] | None) -> list[tuple[int, dict[str, Any]]]:
+def _eval_records(path: Path | StoreFile, keep: Callable[[str], bool] | None) -> list[tuple[int, dict[str, Any]]]:
     """``eval.jsonl`` records as ``eval/...`` keys (subsets flattened as ``eval/subsets/NAME``), with line numbers."""
     out = []
     for number, rec in read_records(path)[0]:
@@ -213,7 +284,7 @@ def _shown(value: Any) -> str:
     return {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null"}[type(value)]
 
 
-def _columns(records: Sequence[tuple[int, Mapping[str, Any]]], source: Path, wanted: Callable[[str], bool] | None
+def _columns(records: Sequence[tuple[int, Mapping[str, Any]]], source: Path | StoreFile, wanted: Callable[[str], bool] | None
              ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
     by_step: dict[int, dict[str, Any]] = {}
     for number, rec in records:
@@ -243,20 +314,21 @@ def _columns(records: Sequence[tuple[int, Mapping[str, Any]]], source: Path, wan
 
 
 def load_run(path: str | Path, *, name: str | None = None, keys: Callable[[str], bool] | None = None) -> Run:
-    """Read one run folder (``RunError`` / ``OSError`` on unreadable files).
+    """Read one run folder (``RunError`` / ``OSError`` on unreadable files); a URL reads it from its store.
 
     ``keys`` keeps only the metrics it accepts (all by default): a comparison needs a few
     of the ~70 keys a step logs, and building columns is most of the reading time.
     """
-    p = Path(path)
-    config = _read_json(p / "config.json")
-    manifest = _read_json(p / "run.json")
+    p = location(path)
+    p = p.rstrip("/") if isinstance(p, str) else p
+    config = _read_json(run_file(p, "config.json"))
+    manifest = _read_json(run_file(p, "run.json"))
     if config is None and manifest is not None and isinstance(manifest.get("config"), dict):
         config = manifest["config"]
-    recs, saw_eval = read_records(p / "metrics.jsonl", keep=keys)
+    recs, saw_eval = read_records(run_file(p, "metrics.jsonl"), keep=keys)
     if not saw_eval:
-        recs = recs + _eval_records(p / "eval.jsonl", keys)
-    steps, cols, logged = _columns(recs, p / "metrics.jsonl", keys)
+        recs = recs + _eval_records(run_file(p, "eval.jsonl"), keys)
+    steps, cols, logged = _columns(recs, run_file(p, "metrics.jsonl"), keys)
     return Run(path=p, name=name or str(p), config=config, manifest=manifest, steps=steps, columns=cols, logged=logged)
 
 

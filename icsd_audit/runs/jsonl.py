@@ -12,10 +12,15 @@ deeper than the parser recurses, a value that is not an object. A last line cut 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:  # (the dumps package imports pyarrow, which reading local runs never needs)
+    from icsd_audit.dumps.store import StoreFile
 
 __all__ = ["RunError", "MAX_LINE_BYTES", "read_records"]
 
@@ -27,9 +32,12 @@ class RunError(ValueError):
     """A run folder that cannot be read: one line naming the file (and line) and what is wrong."""
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+def _lines(path: Path | StoreFile) -> Iterator[tuple[int, bytes, bool]]:
     """(line number, bytes, whether it is the file's last line) of each line, none longer than the limit."""
-    with path.open("rb") as fh:
+    with contextlib.ExitStack() as stack:
+        fh = stack.enter_context(path.open("rb"))
+        if not isinstance(path, Path):  # a store's file reads whole lines only: buffer it to read within the limit
+            fh = stack.enter_context(io.BufferedReader(fh))
         number, line = 0, fh.readline(MAX_LINE_BYTES + 1)
         while line:
             number += 1
@@ -42,12 +50,12 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
             line = following
 
 
-def read_records(path: Path, *, keep: Callable[[str], bool] | None = None
+def read_records(path: Path | StoreFile, *, keep: Callable[[str], bool] | None = None
                  ) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
     """(line number, record) of each JSON object line of ``path``, and whether any line held an ``eval/`` key.
 
     ``keep``: the keys to keep besides ``step`` (None: all); it is asked once per distinct key.
-    An absent file has no records.
+    An absent file has no records. ``path`` may be an object of a store (read through fsspec).
     """
     if not path.is_file():
         return [], False

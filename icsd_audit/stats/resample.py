@@ -38,7 +38,10 @@ such choice depends on the family's own sums, so a statistic's resampled sums ar
 same bits whatever other statistics share the draw.  A tile of sums is read once per
 work unit of SUPER blocks (then from cache), which matters once they outgrow the
 caches.  Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.forked`:
-the engine holds the GIL too often for threads to help), threads elsewhere.
+the engine holds the GIL too often for threads to help), threads elsewhere; inside
+:func:`unit_runner` the work units go to the runner given (Ray tasks on a cluster,
+:mod:`icsd_audit.audit.ray_backend`). A unit's resamples are a function of the engine and
+the unit's number alone, so whoever computes them, they are the same bits.
 
 Pure numpy.
 """
@@ -46,8 +49,9 @@ Pure numpy.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -56,7 +60,7 @@ from icsd_audit.stats.counts import BLOCK, TUPLE, Layout, block_counts, block_ge
 from icsd_audit.stats.forked import ForkedBlocks, fork_available
 
 __all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
-           "batch_resampled_sums", "check_rng", "stream_seed"]
+           "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner"]
 
 #: clusters per matrix-product tile, and columns per product: fixed shapes, so that a
 #: statistic's resampled sums are the same bits whatever else is computed beside it
@@ -66,6 +70,23 @@ PANEL = 6
 #: from cache), not once per block: the sums outgrow the caches on large inputs
 SUPER = 4
 SPAN = BLOCK * SUPER
+
+
+#: ``run(engine, units)``: each unit's ``engine.block(u)``, in the order of ``units``
+UnitRunner = Callable[[Any, Sequence[int]], Sequence[np.ndarray]]
+_RUNNER: contextvars.ContextVar[UnitRunner | None] = contextvars.ContextVar("icsd_unit_runner", default=None)
+
+
+@contextlib.contextmanager
+def unit_runner(run: UnitRunner) -> Iterator[None]:
+    """Inside the block, :func:`family_sums` hands its work units to ``run`` (not to this process and its
+    forked workers): ``run(engine, units)`` returns ``engine.block(u)`` for each unit in order, computed
+    anywhere (the engine pickles; compute it with OpenBLAS on one thread, :class:`BlasThreads`)."""
+    token = _RUNNER.set(run)
+    try:
+        yield
+    finally:
+        _RUNNER.reset(token)
 
 
 def check_rng(rng: Any) -> np.random.Generator:
@@ -242,6 +263,15 @@ class _Engine:
         self.width = sum(f.width for f in self.families)
         self._local = threading.local()
 
+    def __getstate__(self) -> dict[str, Any]:  # (sent to the workers of a unit runner; buffers are per process)
+        state = dict(self.__dict__)
+        state.pop("_local")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
 
@@ -316,9 +346,12 @@ def family_sums(
     per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // SPAN)
     chunks = [range(b0, min(n_units, b0 + per_chunk)) for b0 in range(0, n_units, per_chunk)]
     workers = max(1, min(int(workers), n_units))
+    runner = _RUNNER.get()
     with contextlib.ExitStack() as stack:
         stack.enter_context(BlasThreads(1))
-        if workers > 1 and fork_available(n_units):  # processes: the block engine holds the GIL too often for threads
+        if runner is not None:
+            compute = lambda units: list(runner(eng, units))  # noqa: E731
+        elif workers > 1 and fork_available(n_units):  # processes: the block engine holds the GIL too often for threads
             forked = stack.enter_context(ForkedBlocks(eng.block, n_units, workers, shape=(SPAN, eng.width)))
             compute = forked.take
         elif workers > 1:

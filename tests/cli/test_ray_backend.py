@@ -1,8 +1,10 @@
-"""``icsd audit tcm|quadrants|shift|clip|landscape --backend ray`` prints the bytes of ``--backend local`` on a local
-Ray cluster of 1, 2 and 4 workers.
+"""``icsd audit ... --backend ray`` prints the bytes of ``--backend local`` on a local Ray cluster of 1, 2 and 4 workers:
+``tcm``, ``quadrants``, ``shift``, ``clip``, ``landscape``, ``strata``, ``verify``, ``gradcos``, ``--by settings``, the
+file ``coeffs`` writes and ``report``'s numbers.
 
-The clusters are slow tests: each takes ~20 s to start on the 2-core dev box. The merge itself is
-tested without Ray in tests/stats/test_batch_merge.py.
+The clusters are slow tests: each takes ~20 s to start on the 2-core dev box, so one cluster per worker count runs
+every command. The merges themselves are tested without Ray in tests/stats/test_batch_merge.py and
+tests/stats/test_ray_parts.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.helpers import cli
 ray = pytest.importorskip("ray")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO = str(EXAMPLES / "cpu-demo" / "dumps")
 STATS = ("tcm", "quadrants", "shift", "clip", "landscape")
 
 
@@ -29,15 +32,31 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _commands(synth: Path) -> dict[str, list[str]]:
+    """Every command compared, by name: each prints one JSON object on stdout."""
+    out = {f"{stat} demo": ["audit", stat, DEMO, "--json", "--resamples", "500"] for stat in STATS}
+    out["tcm synth"] = ["audit", "tcm", str(synth), "--json", "--resamples", "500"]
+    out["clip --by settings"] = ["audit", "clip", DEMO, str(synth), "--by", "settings", "--json", "--resamples", "300"]
+    out["strata logp demo"] = ["audit", "strata", DEMO, "--by", "logp", "--bins", "5", "--json", "--resamples", "500"]
+    out["strata abs_delta synth"] = ["audit", "strata", str(synth), "--by", "abs_delta", "--top", "0.2", "--json",
+                                     "--resamples", "500"]
+    out["verify demo"] = ["audit", "verify", DEMO, "--json"]
+    out["gradcos demo"] = ["audit", "gradcos", DEMO, "--json", "--resamples", "500", "--permutations", "4"]
+    return out
+
+
 @pytest.fixture(scope="module")
-def local(synth: Path) -> dict[tuple[str, str], str]:
-    """The local backend's stdout of every statistic on both inputs."""
-    out = {}
-    for name, path in (("demo", EXAMPLES / "cpu-demo" / "dumps"), ("synth", synth)):
-        for stat in STATS if name == "demo" else ("tcm",):
-            res = cli("audit", stat, str(path), "--json", "--resamples", "500", threads=2)
-            assert res.returncode == 0, res.stderr
-            out[name, stat] = res.stdout
+def local(synth: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | bytes]:
+    """The local backend's stdout of every command, and the bytes of the file ``coeffs`` writes."""
+    out: dict[str, str | bytes] = {}
+    for name, args in _commands(synth).items():
+        res = cli(*args, threads=2)
+        assert res.returncode == 0, (name, res.stderr)
+        out[name] = res.stdout
+    path = tmp_path_factory.mktemp("coeffs") / "local.parquet"
+    res = cli("audit", "coeffs", str(synth), "--out", str(path), threads=2)
+    assert res.returncode == 0, res.stderr
+    out["coeffs synth"] = path.read_bytes()
     return out
 
 
@@ -49,17 +68,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[int]:
         yield request.param
     finally:
         ray.shutdown()
-
-
-@pytest.mark.slow
-def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dict[tuple[str, str], str]) -> None:
-    assert int(ray.cluster_resources()["CPU"]) == cluster
-    for (name, stat), expected in local.items():
-        path = EXAMPLES / "cpu-demo" / "dumps" if name == "demo" else synth
-        res = cli("audit", stat, str(path), "--json", "--resamples", "500", "--backend", "ray", threads=2)
-        assert res.returncode == 0, res.stderr
-        assert res.stdout == expected, (name, stat, cluster)
-        json.loads(res.stdout)
 
 
 def _summary(out: Path) -> dict:
@@ -85,8 +93,18 @@ def local_report(tmp_path_factory: pytest.TempPathFactory, small: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_ray_backend_gives_the_local_report_numbers(cluster: int, small: Path, local_report: dict,
-                                                    tmp_path: Path) -> None:
+def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dict[str, str | bytes], small: Path,
+                                           local_report: dict, tmp_path: Path) -> None:
+    """One cluster per worker count, every command on it."""
+    assert int(ray.cluster_resources()["CPU"]) == cluster
+    for name, args in _commands(synth).items():
+        res = cli(*args, "--backend", "ray", threads=2)
+        assert res.returncode == 0, (name, res.stderr)
+        assert res.stdout == local[name], (name, cluster)
+        json.loads(res.stdout)
+    res = cli("audit", "coeffs", str(synth), "--out", str(tmp_path / "ray.parquet"), "--backend", "ray", threads=2)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "ray.parquet").read_bytes() == local["coeffs synth"]
     res = cli("audit", "report", str(small), "--out", str(tmp_path / "ray"), "--resamples", "300", "--backend", "ray",
               threads=2)
     assert res.returncode == 0, res.stderr
@@ -94,12 +112,11 @@ def test_ray_backend_gives_the_local_report_numbers(cluster: int, small: Path, l
 
 
 @pytest.mark.slow
-def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[tuple[str, str], str]) -> None:
+def test_ray_backend_starts_and_stops_its_own_cluster(local: dict[str, str | bytes]) -> None:
     assert not ray.is_initialized()
-    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), "--json", "--resamples", "500", "--backend", "ray",
-              threads=2)
+    res = cli("audit", "tcm", DEMO, "--json", "--resamples", "500", "--backend", "ray", threads=2)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == local["demo", "tcm"]
+    assert res.stdout == local["tcm demo"]
     assert not ray.is_initialized()
 
 
@@ -113,8 +130,7 @@ def _free_port() -> int:
 
 def test_an_address_where_no_cluster_answers_is_one_line_exit_2() -> None:
     port = _free_port()  # nothing listens on it
-    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), "--json", "--backend", "ray", "--ray-address",
-              f"127.0.0.1:{port}")
+    res = cli("audit", "tcm", DEMO, "--json", "--backend", "ray", "--ray-address", f"127.0.0.1:{port}")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
         f"error: --ray-address 127.0.0.1:{port}: no Ray cluster answers there ([Errno 111] Connection refused)"]
@@ -125,6 +141,9 @@ def test_an_address_where_no_cluster_answers_is_one_line_exit_2() -> None:
     (["--backend", "spark"], "error: --backend must be one of local, ray, got 'spark'"),
     (["--ray-address", "auto"], "error: --ray-address needs --backend ray"),
 ])
-def test_bad_backend_options_are_one_line_exit_2(args: list[str], message: str) -> None:
-    res = cli("audit", "tcm", str(EXAMPLES / "cpu-demo" / "dumps"), *args)
+@pytest.mark.parametrize("command", [["audit", "tcm"], ["audit", "strata", "--by", "pos"], ["audit", "verify"],
+                                     ["audit", "gradcos"], ["audit", "coeffs", "--out", "never.parquet"]])
+def test_bad_backend_options_are_one_line_exit_2(command: list[str], args: list[str], message: str) -> None:
+    res = cli(*command, DEMO, *args)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [message]
+    assert not Path("never.parquet").exists()

@@ -218,3 +218,34 @@ def test_a_local_copy_of_a_bucket_reads_the_same(tmp_path: Path) -> None:
     fsspec.filesystem("memory").get("/mem-copy/dumps", str(tmp_path / "dumps"), recursive=True)
     with pytest.warns(DumpWarning, match="uncommitted step shard"):
         assert _read([tmp_path / "dumps"]) == {0: 1.0}
+
+
+def _run_tree(root: Path) -> Path:
+    """Two copies of the cpu-demo run folder (dumps and metrics), seeds 0 and 1, one below a sub-folder."""
+    import shutil
+
+    for rel, seed in (("icsd-0", 0), ("more/icsd-1", 1)):
+        dst = shutil.copytree(EXAMPLES / "cpu-demo", root / rel, ignore=shutil.ignore_patterns("report", "*.md"))
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**cfg, "seed": seed}))
+    return root
+
+
+def test_compare_of_run_folders_on_s3_with_their_dumps_is_the_local_output(s3: object, tmp_path: Path) -> None:
+    local = _run_tree(tmp_path / "runs")
+    s3.put(str(local), f"{BUCKET}/sweep/runs", recursive=True)  # type: ignore[attr-defined]
+    url = f"s3://{BUCKET}/sweep/runs"
+    args = ("--metric", "rollout/reward", "--last", "2", "--dumps", "--json", "--resamples", "200")
+    a, b = cli("compare", str(local), *args), cli("compare", url, *args)
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert f"{url}/more/icsd-1" in b.stdout and b.stdout.replace(url, str(local)) == a.stdout
+    from icsd_audit.runs.curves import dump_series
+    from icsd_audit.runs.folders import load_run
+
+    on_s3, on_disk = dump_series(load_run(f"{url}/icsd-0")), dump_series(load_run(local / "icsd-0"))
+    assert on_s3 and on_s3.keys() == on_disk.keys()  # the mechanism curves were recomputed from the bucket's dumps
+    assert all(np.array_equal(on_s3[k].values, on_disk[k].values) for k in on_disk)
+    # a location that holds nothing: one line, exit 2
+    res = cli("compare", f"s3://{BUCKET}/sweep/none", "--metric", "rollout/reward")
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: s3://{BUCKET}/sweep/none: no such file or directory"]
