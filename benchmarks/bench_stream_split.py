@@ -71,6 +71,10 @@ def main() -> None:
         for b in range(blocks):
             block_counts(block_generator(seed, b), counts, lay)
 
+    n_gen = 20_000
+    w_gen, _ = _best(lambda: [block_generator(seed, b) for b in range(n_gen)], args.repeats)
+    print(f"one block generator (SeedSequence + SFC64): {w_gen / n_gen * 1e6:.2f} us (a per-batch stream needs one "
+          f"per batch and block: {args.batches} x {blocks} here)")
     w_draw, c_draw = _best(draw, args.repeats)
     g = w_draw / cells * 1e9
     print(f"draw (block_counts, every cluster): {w_draw:.3f} s wall, {c_draw:.3f} s CPU = {g:.2f} ns per "
