@@ -166,6 +166,8 @@ class RayUnits:
         self.task = ray.remote(num_cpus=1, max_retries=0)(_run_unit)
         self.engine: Any = None
         self.ref: Any = None
+        #: units per call: twice the cluster's CPUs in flight, as the map keeps
+        self.units_at_once = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
 
     def __call__(self, engine: Any, units: Sequence[int]) -> list[Any]:
         if engine is not self.engine:

@@ -81,7 +81,8 @@ _RUNNER: contextvars.ContextVar[UnitRunner | None] = contextvars.ContextVar("ics
 def unit_runner(run: UnitRunner) -> Iterator[None]:
     """Inside the block, :func:`family_sums` hands its work units to ``run`` (not to this process and its
     forked workers): ``run(engine, units)`` returns ``engine.block(u)`` for each unit in order, computed
-    anywhere (the engine pickles; compute it with OpenBLAS on one thread, :class:`BlasThreads`)."""
+    anywhere (the engine pickles; compute it with OpenBLAS on one thread, :class:`BlasThreads`). A runner's
+    ``units_at_once`` attribute, when it has one, is how many units it is given per call at least."""
     token = _RUNNER.set(run)
     try:
         yield
@@ -344,9 +345,11 @@ def family_sums(
     eng = _Engine(lay, families, seed)
     n_units = -(-n_resamples // SPAN)  # whole units: the first R resamples never depend on how many are drawn
     per_chunk = max(1, (chunk_size if chunk_size is not None else 1024) // SPAN)
+    runner = _RUNNER.get()
+    if runner is not None:  # as many units per call as the runner computes at once (no value depends on it)
+        per_chunk = max(per_chunk, int(getattr(runner, "units_at_once", 1)))
     chunks = [range(b0, min(n_units, b0 + per_chunk)) for b0 in range(0, n_units, per_chunk)]
     workers = max(1, min(int(workers), n_units))
-    runner = _RUNNER.get()
     with contextlib.ExitStack() as stack:
         stack.enter_context(BlasThreads(1))
         if runner is not None:

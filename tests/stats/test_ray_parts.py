@@ -159,3 +159,28 @@ def test_a_lost_or_reordered_part_would_be_seen(ray_loop: None, synth: Path, tmp
         # (completion order: the rows land in place, the diagnostics' order differs)
         assert compute_coefficients([synth], tmp_path / f"{mode}.parquet", AllocatorOptions(allocator="icsd"),
                                     backend="ray") != local[3]
+
+
+def test_a_runner_that_takes_more_units_per_call_gives_the_same_sums() -> None:
+    from icsd_audit.stats.resample import Family, Layout, family_sums
+
+    lay = Layout([300, 500, 40])
+    fam = Family(np.random.default_rng(0).gamma(1.0, 1.0, (5, lay.n)), [0, 1, 1], 2, lay)
+    ref = np.concatenate([T for _, _, (T,) in family_sums(lay, [fam], 1000, seed=np.random.SeedSequence(1))])
+
+    class Runner:
+        units_at_once = 7
+
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def __call__(self, engine: Any, units: Any) -> list[np.ndarray]:
+            self.calls.append(len(units))
+            return _shuffled_units(engine, units)
+
+    run = Runner()
+    with unit_runner(run):
+        got = np.concatenate([T for _, _, (T,) in family_sums(lay, [fam], 1000, seed=np.random.SeedSequence(1),
+                                                              chunk_size=3 * 64)])
+    assert run.calls == [7, 7, 2]  # 16 units of 64 resamples: 7 at a time, not the 3 of chunk_size
+    assert got.tobytes() == ref.tobytes()
