@@ -61,7 +61,7 @@ def compare_cmd(
     dumps: bool = typer.Option(False, "--dumps", help="Mechanism trajectory recomputed from each run's dumps/."),
     table: Optional[str] = typer.Option(None, "--table", help="A paper table instead: paper-1, paper-3 or paper-4."),
     fmt: str = typer.Option("markdown", "--format", help="Format of --table: markdown, latex or csv."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for report.html, summary.md, "
+    out_arg: Optional[str] = typer.Option(None, "--out", "-o", metavar="PATH", help="Folder for report.html, summary.md, "
                                        "comparison.json and figures/ (PNG and PDF)."),
     resamples: int = O.RESAMPLES,
     confidence: float = O.CONFIDENCE,
@@ -77,7 +77,12 @@ def compare_cmd(
     Paper table: icsd compare runs/ --table paper-1 --format latex
     """
     from icsd_audit.runs.curves import MECHANISM_KEYS
-    from icsd_audit.runs.folders import load_runs
+    from icsd_audit.runs.folders import load_runs, location
+
+    out = None if out_arg is None else location(out_arg)
+    if isinstance(out, str):
+        raise fail(f"{out_arg}: --out takes a local folder (the runs may be read from a store, the comparison is "
+                   "written here)")
 
     # only the keys this command reads: columns of the other ~70 per step are most of the loading time
     wanted = {metric, *_names(curves), *MECHANISM_KEYS}

@@ -79,3 +79,13 @@ def test_a_line_over_the_limit_on_a_store_is_refused(tmp_path: Path,
     with pytest.raises(RunError, match=r"memory://.*/metrics.jsonl: line 2 is longer than 64 bytes"):
         load_run(f"memory:/{name}")
     assert MAX_LINE_BYTES > 64
+
+
+def test_an_out_url_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers import one_line_exit_2
+    from tests.helpers import cli
+
+    monkeypatch.chdir(tmp_path)
+    res = cli("compare", str(DEMO), "--metric", "rollout/reward", "--out", "s3://bucket/cmp")
+    one_line_exit_2(res, "s3://bucket/cmp: --out takes a local folder")
+    assert list(tmp_path.iterdir()) == []  # no local folder named s3:
