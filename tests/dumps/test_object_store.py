@@ -249,3 +249,19 @@ def test_compare_of_run_folders_on_s3_with_their_dumps_is_the_local_output(s3: o
     res = cli("compare", f"s3://{BUCKET}/sweep/none", "--metric", "rollout/reward")
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         f"error: s3://{BUCKET}/sweep/none: no such file or directory"]
+
+
+@pytest.mark.slow
+def test_ray_workers_read_the_bucket_and_print_the_local_bytes(s3: object) -> None:
+    """``--backend ray`` on a URL: every worker resolves it with the store's environment (a private local cluster
+    inherits the driver's), for the map and the strata's map alike."""
+    pytest.importorskip("ray")
+    local = EXAMPLES / "cpu-demo" / "dumps"
+    if not s3.exists(f"{BUCKET}/cpu-demo/dumps"):  # type: ignore[attr-defined]
+        s3.put(str(local), f"{BUCKET}/cpu-demo/dumps", recursive=True)  # type: ignore[attr-defined]
+    url = f"s3://{BUCKET}/cpu-demo/dumps"
+    for args in (["tcm"], ["strata", "--by", "logp", "--bins", "4"]):
+        a = cli("audit", *args, str(local), "--json", "--resamples", "300", threads=2)
+        b = cli("audit", *args, url, "--json", "--resamples", "300", "--backend", "ray", threads=2)
+        assert a.returncode == 0 and b.returncode == 0, b.stderr
+        assert b.stdout == a.stdout, args
