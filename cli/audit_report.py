@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -93,9 +94,14 @@ def report(
         raise ValueError("--ray-address needs --backend ray")
     check_output_dir(out, paths, report_owns)
     set_threads()
-    rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations,
-                                     strata_bins),
-                      workers=thread_count(), backend=backend, ray_address=ray_address)
+    with contextlib.ExitStack() as stack:
+        if backend == "ray":  # the batches and then the bootstrap's work units on one cluster (docs/scale.md)
+            from icsd_audit.audit.ray_backend import ray_bootstrap
+
+            stack.enter_context(ray_bootstrap(ray_address, thread_count()))
+        rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid,
+                                         permutations, strata_bins),
+                          workers=thread_count(), backend=backend, ray_address=ray_address)
     write_report(rep, out)
     from icsd_audit.report.render import terminal_lines
 
