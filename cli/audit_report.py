@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import typer
 
 from . import options as O
-from .common import audit_settings, check_output_dir, handle_errors, set_threads, stderr_console, thread_count
+from .common import (audit_settings, check_backend, check_output_dir, handle_errors, set_threads, stderr_console,
+                     thread_count)
 from .apps import audit_app
 
 
@@ -27,6 +28,18 @@ def _common(
                                   strata_bins=strata_bins)
 
 
+@contextlib.contextmanager
+def _cluster(backend: str, ray_address: Optional[str]) -> Iterator[None]:
+    """``--backend ray``: the batches and then the bootstrap's work units on one cluster (docs/scale.md)."""
+    if backend != "ray":
+        yield
+        return
+    from icsd_audit.audit.ray_backend import ray_bootstrap
+
+    with ray_bootstrap(ray_address, thread_count()):
+        yield
+
+
 @audit_app.command("figures")
 @handle_errors
 @O.allocator_options()
@@ -41,6 +54,7 @@ def figures(
     strata_bins: int = typer.Option(10, "--strata-bins", callback=O.NON_NEGATIVE,
                                     help="Quantile bins of the token strata (SPEC 11: by entropy, else log-prob; "
                                          "with the top-20 % split); 0 leaves the section out, and its bootstrap."),
+    backend: str = O.BACKEND, ray_address: Optional[str] = O.RAY_ADDRESS,
     *, settings: dict[str, Any],
 ) -> None:
     """Render the mechanism figures (sign regions, landscape, share shift; gradient
@@ -51,14 +65,16 @@ def figures(
     from icsd_audit.report.build import audit_dumps, write_figures
     from icsd_audit.report.results import figures_own
 
+    check_backend(backend, ray_address)
     check_output_dir(out, paths, figures_own)
     set_threads()
     formats = [f.strip().lower() for f in fmt.split(",") if f.strip()]
     if not formats or any(f not in ("png", "pdf", "svg") for f in formats):
         raise ValueError(f"--format: choose from png, pdf, svg (got {fmt!r})")
-    report = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid, permutations,
-                                        strata_bins),
-                         workers=thread_count())
+    with _cluster(backend, ray_address):
+        report = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid,
+                                            permutations, strata_bins),
+                             workers=thread_count(), backend=backend, ray_address=ray_address)
     written = write_figures(report, out, formats, dpi=dpi)
     stderr_console().print(f"wrote {len(written)} figure files to [bold]{out}[/]: "
                            + ", ".join(p.name for p in written) + _not_shown(report), soft_wrap=True)
@@ -88,17 +104,10 @@ def report(
     from icsd_audit.report.build import audit_dumps, write_report
     from icsd_audit.report.results import report_owns
 
-    if backend not in ("local", "ray"):
-        raise ValueError(f"--backend must be one of local, ray, got {backend!r}")
-    if ray_address is not None and backend != "ray":
-        raise ValueError("--ray-address needs --backend ray")
+    check_backend(backend, ray_address)
     check_output_dir(out, paths, report_owns)
     set_threads()
-    with contextlib.ExitStack() as stack:
-        if backend == "ray":  # the batches and then the bootstrap's work units on one cluster (docs/scale.md)
-            from icsd_audit.audit.ray_backend import ray_bootstrap
-
-            stack.enter_context(ray_bootstrap(ray_address, thread_count()))
+    with _cluster(backend, ray_address):
         rep = audit_dumps(paths, _common(paths, base, compare, settings, seed, resamples, confidence, grid,
                                          permutations, strata_bins),
                           workers=thread_count(), backend=backend, ray_address=ray_address)

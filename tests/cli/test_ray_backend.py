@@ -1,6 +1,6 @@
 """``icsd audit ... --backend ray`` prints the bytes of ``--backend local`` on a local Ray cluster of 1, 2 and 4 workers:
 ``tcm``, ``quadrants``, ``shift``, ``clip``, ``landscape``, ``strata``, ``verify``, ``gradcos``, ``--by settings``, the
-file ``coeffs`` writes and ``report``'s numbers.
+file ``coeffs`` writes, ``report``'s numbers and the files of ``figures``.
 
 The clusters are slow tests: each takes ~20 s to start on the 2-core dev box, so one cluster per worker count runs
 every command. The merges themselves are tested without Ray in tests/stats/test_batch_merge.py and
@@ -92,9 +92,24 @@ def local_report(tmp_path_factory: pytest.TempPathFactory, small: Path) -> dict:
     return _summary(out)
 
 
+def _figures(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def local_figures(tmp_path_factory: pytest.TempPathFactory, small: Path) -> dict[str, bytes]:
+    """``icsd audit figures`` (PNG and SVG: the same bytes run after run for the same numbers)."""
+    out = tmp_path_factory.mktemp("figures") / "local"
+    res = cli("audit", "figures", str(small), "--out", str(out), "--resamples", "300", "--format", "png,svg",
+              threads=2)
+    assert res.returncode == 0, res.stderr
+    return _figures(out)
+
+
 @pytest.mark.slow
 def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dict[str, str | bytes], small: Path,
-                                           local_report: dict, tmp_path: Path) -> None:
+                                           local_report: dict, local_figures: dict[str, bytes],
+                                           tmp_path: Path) -> None:
     """One cluster per worker count, every command on it."""
     assert int(ray.cluster_resources()["CPU"]) == cluster
     for name, args in _commands(synth).items():
@@ -109,6 +124,10 @@ def test_ray_backend_gives_the_local_bytes(cluster: int, synth: Path, local: dic
               threads=2)
     assert res.returncode == 0, res.stderr
     assert _summary(tmp_path / "ray") == local_report
+    res = cli("audit", "figures", str(small), "--out", str(tmp_path / "figs"), "--resamples", "300", "--format",
+              "png,svg", "--backend", "ray", threads=2)
+    assert res.returncode == 0, res.stderr
+    assert _figures(tmp_path / "figs") == local_figures and len(local_figures) == 6
 
 
 @pytest.mark.slow
@@ -142,7 +161,8 @@ def test_an_address_where_no_cluster_answers_is_one_line_exit_2() -> None:
     (["--ray-address", "auto"], "error: --ray-address needs --backend ray"),
 ])
 @pytest.mark.parametrize("command", [["audit", "tcm"], ["audit", "strata", "--by", "pos"], ["audit", "verify"],
-                                     ["audit", "gradcos"], ["audit", "coeffs", "--out", "never.parquet"]])
+                                     ["audit", "gradcos"], ["audit", "coeffs", "--out", "never.parquet"],
+                                     ["audit", "figures", "--out", "never.parquet"]])
 def test_bad_backend_options_are_one_line_exit_2(command: list[str], args: list[str], message: str) -> None:
     res = cli(*command, DEMO, *args)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [message]
