@@ -8,9 +8,9 @@ synthetic tokens.  For each size the dumps are synthesized once (``icsd synth DI
 --batches N/333,334 --seed 3``), then ``tcm --json`` and ``strata --by BY --bins K --json``
 run as fresh processes, alternating, ``--repeats`` times; each child's peak RSS and CPU
 time (user + system, bootstrap workers included) come from a wrapper process of its own.
-The synthetic dumps carry no ``logp`` or ``entropy`` column: ``--by pos`` (the within-turn
-index, since they carry no ``pos`` either: the first pass reads whole batches) or
-``--by abs_delta`` (the first pass reads ``delta`` only).  The machine is shared: the load
+The synthetic dumps carry no ``logp`` or ``entropy`` column: ``--by pos`` (their ``pos``
+column; the first pass reads ``pos`` and ``valid`` only) or ``--by abs_delta`` (``delta``
+and ``valid``).  The machine is shared: the load
 average is printed with every run, and the ratio of medians from the interleaved runs is
 the figure to quote.
 """

@@ -18,23 +18,27 @@ import pytest
 
 from .test_outputs import cli
 
-DUMPS = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "dumps"
-EPS = 1e-4  # the cpu-demo dumps record eps = 1e-4
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DUMPS = EXAMPLES / "cpu-demo" / "dumps"
+#: a fresh cpu-demo run whose dumps carry the entropy column (examples/cpu-demo-entropy/README.md)
+ENTROPY_DUMPS = EXAMPLES / "cpu-demo-entropy" / "dumps"
+EPS = 1e-4  # both runs record eps = 1e-4
 
 
-def _columns() -> dict[str, np.ndarray]:
-    files = sorted(DUMPS.rglob("*.parquet"))
-    cols = ("g", "c", "delta", "u", "valid", "logp", "pos", "batch_id", "traj_id", "turn_id")
+def _columns(dumps: Path = DUMPS, extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    files = sorted(dumps.rglob("*.parquet"))
+    cols = ("g", "c", "delta", "u", "valid", "logp", "pos", "batch_id", "traj_id", "turn_id") + extra
     t = pa.concat_tables([pq.read_table(f, columns=list(cols)) for f in files])
     return {k: t.column(k).to_numpy(zero_copy_only=False) for k in cols}
 
 
-def _hand(x_col: str, k: int) -> list[dict[str, float | None]]:
+def _hand(x_col: str, k: int | None, dumps: Path = DUMPS, top: float | None = None) -> list[dict[str, float | None]]:
     """Per bin: token share, mass shares and TCM of g and c, by loops over the valid tokens."""
-    d = _columns()
+    d = _columns(dumps, ("entropy",) if x_col == "entropy" else ())
     rows = [i for i in range(d["valid"].size) if d["valid"][i]]
     x = [float(d[x_col][i]) for i in rows]
-    edges = sorted(set(np.quantile(np.array(x), [j / k for j in range(1, k)], method="linear").tolist()))
+    qs = [1 - top] if top is not None else [j / k for j in range(1, k)]
+    edges = sorted(set(np.quantile(np.array(x), qs, method="linear").tolist()))
     nb = len(edges) + 1
     acc = [dict(n=0, g=0.0, c=0.0, tg=0.0, dg=0.0, tc=0.0, dc=0.0) for _ in range(nb)]
     tot_g = tot_c = 0.0
@@ -62,13 +66,16 @@ def _hand(x_col: str, k: int) -> list[dict[str, float | None]]:
     return out, edges
 
 
-@pytest.mark.parametrize("by,k", [("logp", 5), ("pos", 4)])
-def test_strata_json_reproduces_the_hand_computation(by: str, k: int) -> None:
-    res = cli("audit", "strata", str(DUMPS), "--by", by, "--bins", str(k), "--json", "--resamples", "200")
+@pytest.mark.parametrize("by,k,top,dumps", [("logp", 5, None, DUMPS), ("pos", 4, None, DUMPS),
+                                            ("entropy", 5, None, ENTROPY_DUMPS), ("entropy", None, 0.2, ENTROPY_DUMPS)])
+def test_strata_json_reproduces_the_hand_computation(by: str, k: int | None, top: float | None, dumps: Path) -> None:
+    split = ("--bins", str(k)) if top is None else ("--top", str(top))
+    res = cli("audit", "strata", str(dumps), "--by", by, *split, "--json", "--resamples", "200")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
-    want, edges = _hand(by, k)
-    assert got["by"] == by and got["statistic"] == f"strata:{by}:K{k}" and got["edges"] == pytest.approx(edges)
+    want, edges = _hand(by, k, dumps, top)
+    name = f"strata:{by}:K{k}" if top is None else f"strata:{by}:top{top}"
+    assert got["by"] == by and got["statistic"] == name and got["edges"] == pytest.approx(edges)
     assert len(got["bins"]) == len(want) == len(edges) + 1
     for gb, wb in zip(got["bins"], want):
         assert set(gb) == {"lo", "hi", "tokens", "token_share", "share", "tcm"}

@@ -66,3 +66,22 @@ def test_strata_bins_of_the_report(tmp_path: Path) -> None:
     rep = json.loads((out / "summary.json").read_text())
     assert rep["strata"] == [] and rep["omitted"] == {"strata": "not asked for (--strata-bins 0)"}
     assert "*Not shown: not asked for (--strata-bins 0).*" in (out / "summary.md").read_text()
+
+
+def test_report_on_dumps_with_entropy_takes_the_entropy_strata(tmp_path: Path) -> None:
+    """On a run whose dumps carry ``entropy`` (examples/cpu-demo-entropy) the report's strata are by entropy, and
+    its forking-token split is ``icsd audit strata --by entropy --top 0.2``'s, bit for bit."""
+    dumps = DUMPS.parents[1] / "cpu-demo-entropy" / "dumps"
+    out = tmp_path / "rep"
+    res = cli("audit", "report", str(dumps), "--out", str(out), "--resamples", "300")
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((out / "summary.json").read_text())
+    assert [s["statistic"] for s in rep["strata"]] == ["strata:entropy:K10", "strata:entropy:top0.2"]
+    assert "strata" not in rep.get("omitted", {})
+    got = cli("audit", "strata", str(dumps), "--by", "entropy", "--top", "0.2", "--json", "--resamples", "300")
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["bins"] == rep["strata"][1]["bins"]
+    top = rep["strata"][1]["bins"][-1]["tcm"]["compare"]
+    head = "forking tokens (top 20 % by next-token entropy)"
+    line = next(x for x in res.stderr.splitlines() if x.strip().startswith(head))
+    assert f"ICSD {100 * top['estimate']:.1f} [{100 * top['ci_low']:.1f}, {100 * top['ci_high']:.1f}] %" in line
