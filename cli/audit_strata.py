@@ -110,11 +110,6 @@ def strata(
         run_strata = partial(run_strata_ray, ray_address=ray_address)
     else:
         from icsd_audit.audit.strata import run_strata
-        from icsd_audit.audit.threads import single_threaded_maths
-
-        # one torch intra-op thread, as every other audit command and the report: on batches above 32768 tokens
-        # the allocation's bits otherwise follow the core count
-        run_strata = single_threaded_maths(run_strata)
 
     if not as_json and sys.stderr.isatty():
         with stderr_console().status("reading and allocating batches") as status:

@@ -19,6 +19,7 @@ from icsd_audit.alloc.options import required_columns, weighted_batches
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.budget import check_bootstrap, check_resources
 from icsd_audit.audit.run import AuditRequest, deployed_request
+from icsd_audit.audit.threads import single_threaded_maths
 from icsd_audit.stats.strata import StrataAccumulator, covariate_values, strata_edges
 from icsd_audit.stats.results import StrataResult, StrataSpec
 
@@ -91,6 +92,9 @@ def covariate_sample(reader: DumpReader, covariate: str) -> np.ndarray:
     return x
 
 
+# one torch intra-op thread, as every audit entry point: above 32768 tokens a batch's allocation bits would
+# otherwise follow the core count, and a library caller would get other intervals than the CLI and the report
+@single_threaded_maths
 def run_strata(
     paths: Sequence[str | Path],
     req: AuditRequest | None = None,

@@ -42,3 +42,23 @@ def test_coefficients_and_ci_bounds_identical_across_thread_counts(dump: Path, t
     for k in ("g", "u", "m", "c"):
         assert np.array_equal(a.column(k).to_numpy(), b.column(k).to_numpy()), k
     assert runs[1] == runs[3]  # estimates, CI bounds and standard errors, bit for bit
+
+
+def test_library_strata_sets_its_own_thread_count(dump: Path) -> None:
+    """``run_strata`` called from Python under torch's 3 threads gives the bits of the 1-thread CLI path."""
+    import torch
+
+    from icsd_audit.audit.run import AuditRequest
+    from icsd_audit.audit.strata import run_strata
+
+    req = AuditRequest(n_resamples=200, seed=0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        many = run_strata([dump], req, by="abs_delta", bins=4)
+        assert torch.get_num_threads() == 3  # the caller's setting comes back
+        torch.set_num_threads(1)
+        one = run_strata([dump], req, by="abs_delta", bins=4)
+    finally:
+        torch.set_num_threads(before)
+    assert many == one
