@@ -8,14 +8,15 @@ completions of up to ``length`` tokens from the tiny random model saved to a fol
 ``record``, ``repeats`` times interleaved, and prints
 
 * the median step time of each (steps after the first; a callback times each optimizer step);
-* the recorder's own time per step: everything ``record`` adds inside a step (the log-probs it
-  derives from the trainer's logits, the top-k membership, checks, the rows, the shard written at
-  the step's end), timed by wrapping its functions, so the figure does not drown in the noise of a
+* the recorder's own time per step: everything ``record`` adds inside a step (the log-probs and
+  entropies it derives from the trainer's logits, the top-k membership, checks, the rows, the
+  shard written at the step's end), timed by wrapping its functions, so the figure does not drown in the noise of a
   shared machine; as a share of the plain step (target: < 3 %).
 
-Times are the CPU time of the training thread (``time.thread_time``; torch runs on that one thread
-with ``--threads 1``), so other processes on a shared machine do not inflate them; Arrow's own
-writer threads are not counted.  The recorder's own share is the figure to compare with the target.
+Times are the CPU time of the whole process (``time.process_time``: every thread, Arrow's and any
+writer thread included; torch runs on one thread with ``--threads 1``), so other processes on a
+shared machine do not inflate them while nothing the recorder does on another thread of this
+process escapes them.  The recorder's own share is the figure to compare with the target.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def _timer(total: list[float], fn):
     """``fn`` timed into ``total[0]``; nested timed calls (``total[1]`` deep) are counted once, outermost."""
     def timed(*a, **k):
         total[1] += 1
-        t0 = time.thread_time()
+        t0 = time.process_time()
         try:
             return fn(*a, **k)
         finally:
             total[1] -= 1
             if total[1] == 0:
-                total[0] += time.thread_time() - t0
+                total[0] += time.process_time() - t0
 
     return timed
 
@@ -86,18 +87,20 @@ def _run(kind: str, model_dir: Path, root: Path, *, steps: int, length: int, rec
 
     times: list[float] = []
 
-    class StepTimer(TrainerCallback):  # CPU time of this thread: torch runs on it alone (one thread)
+    class StepTimer(TrainerCallback):  # CPU time of the whole process, every thread
         def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.thread_time()
+            self.t0 = time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.thread_time() - self.t0)
+            times.append(time.process_time() - self.t0)
 
     tr = _trainer(kind, model_dir, root / "out", steps, length)
     own = [0.0, 0]
     saved = {}
     if recorded:
-        for name in ("sampled_token_logps", "teacher_token_logps"):
+        for name in ("sampled_token_logps", "student_logps_and_entropy", "student_entropy", "teacher_token_logps"):
+            if not hasattr(R, name):  # (an older recorder, measured for comparison)
+                continue
             saved[name] = getattr(R, name)
             setattr(R, name, _timer(own, saved[name]))
         for name in ("add", "flush"):
@@ -128,7 +131,8 @@ def main() -> None:
     from icsd_audit.train.models.loading import tiny_random_causal_lm
 
     print(f"load: {os.getloadavg()[0]:.2f} (1-min) on {os.cpu_count()} CPUs; torch threads {args.threads}; "
-          f"{args.steps} steps x 8 completions of <= {args.length} tokens, {args.repeats} repeats")
+          f"{args.steps} steps x 8 completions of <= {args.length} tokens, {args.repeats} repeats; "
+          "process CPU time per optimizer step, medians")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, tok = tiny_random_causal_lm(seed=0)
