@@ -77,7 +77,7 @@ def test_the_command_prints_the_report_s_interval(command: dict, tmp_path: Path)
         assert pg == pw and g == w, pg
     assert command == want
     md = (out / "summary.md").read_text()
-    assert "## Mass by sign of \u0394" in md and "`icsd audit signs` gives the same intervals" in md
+    assert "## Mass by sign of \u0394" in md and "icsd audit signs\\` gives the same intervals" in md
     p = command["shares"]["sdar"]["positive"]
     line = next(x for x in res.stderr.splitlines() if x.strip().startswith("mass on \u0394 > 0"))
     assert f"SDAR {100 * p['estimate']:.1f} [{100 * p['ci_low']:.1f}, {100 * p['ci_high']:.1f}] %" in line

@@ -503,13 +503,15 @@ def token_logps(logits: Tensor, ids: Tensor, lse: Tensor | None = None) -> Tenso
 
 
 def student_logps_and_entropy(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """The sampled tokens' log-probs and the next-token entropies (SPEC 11) from one logsumexp of the logits."""
-    from icsd_audit.train.update.logprobs import entropy_from_logits
+    """The sampled tokens' log-probs and the next-token entropies in nats (SPEC 11) from one ``log_softmax``.
 
+    H = -sum_j p_j log p_j from the log-probs themselves (no cancellation of two large numbers);
+    a -inf log-prob (a masked logit) is clamped to the smallest float so that its term is 0.
+    """
     with torch.no_grad():
-        z = logits.detach().float()
-        lse = torch.logsumexp(z, dim=-1)
-        return token_logps(z, ids, lse), entropy_from_logits(z, lse)
+        lp = torch.log_softmax(logits.detach().float(), dim=-1)
+        logp = lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return logp, -(lp.exp() * lp.clamp(min=torch.finfo(lp.dtype).min)).sum(-1)
 
 
 def student_entropy(logits: Tensor) -> Tensor:
