@@ -11,7 +11,9 @@ completions of up to ``length`` tokens from the tiny random model saved to a fol
 * the recorder's own time per step: everything ``record`` adds inside a step (the log-probs and
   entropies it derives from the trainer's logits, the top-k membership, checks, the rows, the
   shard written at the step's end), timed by wrapping its functions, so the figure does not drown in the noise of a
-  shared machine; as a share of the plain step (target: < 3 %).
+  shared machine; its median over the steps after the first, as a share of the plain step
+  (target: < 3 %), and its time in the first step apart (one-time costs: the step folder's
+  first write, the metadata's encoding).
 
 Times are the CPU time of the whole process (``time.process_time``: every thread, Arrow's and any
 writer thread included; torch runs on one thread with ``--threads 1``), so other processes on a
@@ -86,16 +88,18 @@ def _run(kind: str, model_dir: Path, root: Path, *, steps: int, length: int, rec
     import icsd_audit.integrations.trl.recorder as R
 
     times: list[float] = []
+    owns: list[float] = []
+    own = [0.0, 0]
 
     class StepTimer(TrainerCallback):  # CPU time of the whole process, every thread
         def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.process_time()
+            self.t0, self.own0 = time.process_time(), own[0]
 
         def on_step_end(self, args, state, control, **kw):
             times.append(time.process_time() - self.t0)
+            owns.append(own[0] - self.own0)
 
     tr = _trainer(kind, model_dir, root / "out", steps, length)
-    own = [0.0, 0]
     saved = {}
     if recorded:
         for name in ("sampled_token_logps", "student_logps_and_entropy", "student_entropy", "teacher_token_logps"):
@@ -116,7 +120,7 @@ def _run(kind: str, model_dir: Path, root: Path, *, steps: int, length: int, rec
                 setattr(R.Recorder, name.split(".")[1], fn)
             else:
                 setattr(R, name, fn)
-    return statistics.median(times[1:]), own[0] / max(len(times), 1)
+    return statistics.median(times[1:]), statistics.median(owns[1:]), owns[0]
 
 
 def main() -> None:
@@ -138,19 +142,21 @@ def main() -> None:
         model, tok = tiny_random_causal_lm(seed=0)
         model.save_pretrained(root / "model")
         tok.save_pretrained(root / "model")
-        print(f"{'trainer':8} {'plain step':>11} {'recorded':>11} {'end-to-end':>11} {'recorder/step':>14} {'share':>7}")
+        print(f"{'trainer':8} {'plain step':>11} {'recorded':>11} {'end-to-end':>11} {'recorder/step':>14} {'share':>7} "
+              f"{'first step':>11}")
         for kind in args.kinds:
-            plain, rec, own = [], [], []
+            plain, rec, own, first = [], [], [], []
             for r in range(args.repeats):
                 plain.append(_run(kind, root / "model", root / f"{kind}-p{r}", steps=args.steps, length=args.length,
                                   recorded=False)[0])
-                s, o = _run(kind, root / "model", root / f"{kind}-r{r}", steps=args.steps, length=args.length,
-                            recorded=True)
+                s, o, f = _run(kind, root / "model", root / f"{kind}-r{r}", steps=args.steps, length=args.length,
+                               recorded=True)
                 rec.append(s)
                 own.append(o)
+                first.append(f)
             p, q, o = statistics.median(plain), statistics.median(rec), statistics.median(own)
             print(f"{kind:8} {1e3 * p:9.1f}ms {1e3 * q:9.1f}ms {100 * (q - p) / p:+10.1f}% {1e3 * o:12.2f}ms "
-                  f"{100 * o / p:6.2f}%")
+                  f"{100 * o / p:6.2f}% {1e3 * statistics.median(first):9.2f}ms")
         print(f"load after: {os.getloadavg()[0]:.2f}")
 
 
