@@ -376,6 +376,24 @@ def test_importing_the_module_draws_no_random_number():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+def test_recorded_log_probs_are_trl_s_bit_for_bit():
+    """The dump's logp and teacher_logp are TRL's selective_log_softmax values (the distillation term's inputs);
+    the entropy is a float64 reference's to float32 precision, masked (-inf) logits included."""
+    from trl.trainer.utils import selective_log_softmax
+
+    from icsd_audit.integrations.trl.recorder import student_logps_and_entropy, token_logps
+
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(3, 7, 40, generator=g) * 4
+    z[0, 0, :6] = float("-inf")
+    ids = torch.randint(6, 40, (3, 7), generator=g)
+    logp, ent = student_logps_and_entropy(z, ids)
+    assert torch.equal(logp, selective_log_softmax(z, ids)) and torch.equal(token_logps(z, ids), logp)
+    p = torch.softmax(z.double(), -1)
+    want = -(p * torch.log(p).nan_to_num(neginf=0.0)).sum(-1)
+    assert torch.allclose(ent.double(), want, atol=2e-6, rtol=0)
+
+
 def test_in_topk_equals_torch_topk_membership_ties_included():
     from icsd_audit.integrations.trl.recorder import in_topk
 

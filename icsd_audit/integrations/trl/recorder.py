@@ -503,15 +503,20 @@ def token_logps(logits: Tensor, ids: Tensor, lse: Tensor | None = None) -> Tenso
 
 
 def student_logps_and_entropy(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """The sampled tokens' log-probs and the next-token entropies in nats (SPEC 11) from one ``log_softmax``.
+    """The sampled tokens' log-probs and the next-token entropies in nats (SPEC 11) from one logsumexp.
 
-    H = -sum_j p_j log p_j from the log-probs themselves (no cancellation of two large numbers);
-    a -inf log-prob (a masked logit) is clamped to the smallest float so that its term is 0.
+    ``log p = z - logsumexp(z)`` per position, the log-probs bit for bit as TRL's
+    ``selective_log_softmax`` gives them (so they agree with the distillation term TRL computed
+    from its own); H = -sum_j p_j log p_j from those log-probs (no cancellation of two large
+    numbers), a -inf log-prob (a masked logit) clamped to the smallest float so that its term is 0.
     """
     with torch.no_grad():
-        lp = torch.log_softmax(logits.detach().float(), dim=-1)
+        z = logits.detach().float()
+        lp = z - torch.logsumexp(z, dim=-1, keepdim=True)
         logp = lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-        return logp, -(lp.exp() * lp.clamp(min=torch.finfo(lp.dtype).min)).sum(-1)
+        p = lp.exp()
+        p.mul_(lp.clamp_(min=torch.finfo(lp.dtype).min))
+        return logp, -p.sum(-1)
 
 
 def student_entropy(logits: Tensor) -> Tensor:
