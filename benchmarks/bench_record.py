@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_record.py [--steps 8] [--repeats 3] [--threads 1]
 
 For each trainer (GRPO; SDPO top-k 100 at weight 0.5; SDFT), trains ``steps`` optimizer steps of 8
 completions of up to ``length`` tokens from the tiny random model saved to a folder, with and without
-``record``, ``repeats`` times interleaved, and prints
+``record``, ``repeats`` times interleaved (the order alternating), and prints
 
 * the median step time of each (steps after the first; a callback times each optimizer step);
 * the recorder's own time per step: everything ``record`` adds inside a step (the log-probs and
@@ -24,6 +24,7 @@ process escapes them.  The recorder's own share is the figure to compare with th
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
@@ -147,13 +148,18 @@ def main() -> None:
         for kind in args.kinds:
             plain, rec, own, first = [], [], [], []
             for r in range(args.repeats):
-                plain.append(_run(kind, root / "model", root / f"{kind}-p{r}", steps=args.steps, length=args.length,
-                                  recorded=False)[0])
-                s, o, f = _run(kind, root / "model", root / f"{kind}-r{r}", steps=args.steps, length=args.length,
-                               recorded=True)
-                rec.append(s)
-                own.append(o)
-                first.append(f)
+                # the order alternates (a later run in one process can be slower: a larger heap for the
+                # collector to walk), and each run starts from a collected heap
+                for recorded in ((False, True) if r % 2 == 0 else (True, False)):
+                    gc.collect()
+                    s, o, f = _run(kind, root / "model", root / f"{kind}-{'r' if recorded else 'p'}{r}",
+                                   steps=args.steps, length=args.length, recorded=recorded)
+                    if recorded:
+                        rec.append(s)
+                        own.append(o)
+                        first.append(f)
+                    else:
+                        plain.append(s)
             p, q, o = statistics.median(plain), statistics.median(rec), statistics.median(own)
             print(f"{kind:8} {1e3 * p:9.1f}ms {1e3 * q:9.1f}ms {100 * (q - p) / p:+10.1f}% {1e3 * o:12.2f}ms "
                   f"{100 * o / p:6.2f}% {1e3 * statistics.median(first):9.2f}ms")
