@@ -11,7 +11,6 @@ import json
 import sys
 from typing import Any, List, Optional
 
-import typer
 
 from . import options as O
 from .apps import audit_app
