@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import NoReturn, Sequence
 
-from . import audit_coeffs, audit_verify, synth, audit_stats, audit_strata, audit_gradcos, audit_report, train, sft, compare  # noqa: F401,I001  (registration order = help order)
+from . import audit_coeffs, audit_verify, synth, audit_stats, audit_strata, audit_signs, audit_gradcos, audit_report, train, sft, compare  # noqa: F401,I001  (registration order = help order)
 from . import version  # noqa: F401,I001  (icsd --version, icsd version: after the commands in help order)
 from .apps import app, audit_app
 from .help_format import reflow

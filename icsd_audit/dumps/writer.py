@@ -53,6 +53,9 @@ from icsd_audit.parquet_io import write_table
 
 __all__ = ["DumpWriter", "StepCommit", "write_table_atomic", "metadata_json", "dump_metadata", "dictionary_columns", "step_folder_name"]
 
+#: the Parquet codecs a dump shard may use (every Parquet reader decodes them)
+_CODECS = ("zstd", "snappy", "none")
+
 _ARROW_TYPES = {
     "batch_id": pa.int64(), "traj_id": pa.int64(), "turn_id": pa.int32(), "pos": pa.int32(),
     "step": pa.int64(), "token_id": pa.int32(), "valid": pa.bool_(), "fallback": pa.bool_(),
@@ -185,13 +188,16 @@ class DumpWriter:
     ``producer`` block, with ``rank`` and ``world_size``.  ``write(allocation=...)``
     replaces the block for one shard, for a producer whose settings change per call.
     ``null_nan``: optional float columns whose NaN values are written as nulls (no value there).
+    ``compression``: the Parquet codec of every shard (``zstd``, the smallest files; ``snappy``
+    costs about 1 ms less per shard of a few hundred rows for 7-14 % more bytes, the choice of a
+    recorder writing one small shard per training step).
     """
 
     def __init__(self, out_dir: str | Path, *, producer: Mapping[str, Any] | str, synthetic: bool = False,
                  allocation: Mapping[str, Any] | Any = None, allocator: Mapping[str, Any] | Any = None,
                  metadata: Mapping[str, Any] | None = None, prefix: str = "part", row_group_size: int = 1 << 17,
                  float_dtype: Any = np.float32, rank: int | None = None, world_size: int | None = None,
-                 null_nan: tuple[str, ...] = ()):
+                 null_nan: tuple[str, ...] = (), compression: str = "zstd"):
         if rank is not None and (isinstance(rank, bool) or int(rank) != rank or rank < 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         if allocation is not None and allocator is not None:
@@ -207,9 +213,13 @@ class DumpWriter:
         self.metadata.setdefault("session", secrets.token_hex(8))
         self.prefix, self.row_group_size, self.float_dtype = prefix, row_group_size, float_dtype
         self.null_nan = frozenset(null_nan)
+        if compression not in _CODECS:
+            raise ValueError(f"compression must be one of {', '.join(_CODECS)}, got {compression!r}")
+        self.compression = compression
         self.rank = None if rank is None else int(rank)
         self.tag = f"r{self.rank:05d}" if self.rank is not None else f"p{os.getpid()}"
         self._stage: Path | str | None = None
+        self._stage_target: Path | str | None = None  # the step folder the staged shards will be published as
         self._meta_cache: tuple[dict[str, Any], bytes] | None = None
         self._taken = re.compile(rf"{re.escape(prefix)}-(\d+)(?:-[^.]*)?\.parquet")
         if self._store is not None:
@@ -241,7 +251,7 @@ class DumpWriter:
         fs, root = self._store
         folder = self._stage if self._stage is not None else str(self.out_dir)
         fpath = root + folder[len(str(self.out_dir)):]
-        data = _shard_bytes(table, metadata=meta, row_group_size=self.row_group_size)
+        data = _shard_bytes(table, metadata=meta, row_group_size=self.row_group_size, compression=self.compression)
         # the writer's id in every name (``-s``: a step shard, taken once its marker names it; ``-w``: a lone shard)
         session = f"-{'s' if self._stage is not None else 'w'}{self._commit_id}"
         while True:
@@ -282,8 +292,10 @@ class DumpWriter:
         table = pa.table({k: self._arrow(k, v[order]) for k, v in arrays.items()})
         if self._store is not None:
             return self._write_remote(table, meta, name)
-        write = dict(metadata=meta, row_group_size=self.row_group_size, exclusive=True)
+        write = dict(metadata=meta, row_group_size=self.row_group_size, exclusive=True, compression=self.compression)
         folder = self._stage if self._stage is not None else self.out_dir
+        if self._stage is not None:  # a private staging folder: no reader sees it before the step's rename
+            return self._write_staged(table, meta, name)
         if name is not None:
             return write_table_atomic(table, folder / name, **write)
         while True:
@@ -293,6 +305,37 @@ class DumpWriter:
                 return write_table_atomic(table, path, **write)
             except FileExistsError:
                 continue  # another writer (same rank, reused pid) holds this name: take the next
+
+    def _write_staged(self, table: pa.Table, meta: bytes | Mapping[str, Any], name: str | None) -> Path:
+        """A shard written in place in this writer's staging folder.
+
+        The folder is this writer's own, hidden, and published whole by one rename (or
+        discarded, and a killed writer's removed as stale), so a half-written shard there is
+        never read: the temporary file and hard link that guard a shard written straight into
+        a dump folder (:func:`write_table_atomic`) would only cost time.  Names are still
+        claimed exclusively.  A shard of up to one row group is encoded in memory and written in
+        one call (cheaper than pyarrow's file writes for the few hundred rows of a training step).
+        """
+        path = self._stage / (name if name is not None else f"{self.prefix}-{self._seq:06d}-{self.tag}.parquet")
+        if name is None:
+            self._seq += 1
+        table = _with_metadata(table, meta)
+        opts = dict(row_group_size=self.row_group_size, compression=self.compression,
+                    use_dictionary=dictionary_columns(table.schema))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode: what any new file gets
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                if table.num_rows <= self.row_group_size:
+                    sink = pa.BufferOutputStream()
+                    write_table(table, sink, **opts)
+                    fh.write(sink.getvalue())
+                else:
+                    write_table(table, fh, **opts)
+        except OSError as exc:  # a full disk: name the shard the step will publish
+            from icsd_audit.outputs import write_failed
+
+            raise write_failed(exc, Path(self._stage_target) / path.name) from None
+        return path
 
     def step(self, step: int) -> "StepCommit":
         """Stage the shards of step ``step``; they appear together on :meth:`StepCommit.commit`.
@@ -344,7 +387,7 @@ class DumpWriter:
             return pa.array(a, type=_ARROW_TYPES[name])
         if a.dtype.kind == "f":
             # a NaN in a null_nan column means "no value here" (a teacher log-prob outside a top-k): null
-            return pa.array(a.astype(self.float_dtype), from_pandas=name in self.null_nan)
+            return pa.array(a.astype(self.float_dtype, copy=False), from_pandas=name in self.null_nan)
         return pa.array(a)
 
 
@@ -367,7 +410,7 @@ class StepCommit:
             from icsd_audit.outputs import staging_dir
 
             self.staged = staging_dir(target, "step")
-        writer._stage = self.staged
+        writer._stage, writer._stage_target = self.staged, target
 
     def _commit_remote(self) -> str | None:
         """Write the commit marker (last): the reader takes the step's shards from now on."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from icsd_audit.version import __version__
 from icsd_audit.alloc.options import required_columns, weighted_batches
+from icsd_audit.audit.signs import SignsSection
 from icsd_audit.audit.gradcos import CosineRows, GradcosSummary, batch_cosines, batch_source, permutation_matrix
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch, schema_names
 from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, ReportOptions, figures_own, report_owns
@@ -90,7 +91,7 @@ def provenance(reader: DumpReader, opts: ReportOptions, n_tokens: int, n_batches
 class _Stream:
     """What the report's stream reduces each batch into: the accumulators and the token count."""
 
-    def __init__(self, opts: ReportOptions, ranks: Any, strata: ReportStrata, *, per_step: bool,
+    def __init__(self, opts: ReportOptions, ranks: Any, strata: ReportStrata, signs: SignsSection, *, per_step: bool,
                  sketch_cols: Sequence[str]):
         acc_kw = dict(eps=opts.eps, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip, base_name=opts.base,
                       compare_name=opts.compare)
@@ -100,7 +101,7 @@ class _Stream:
         self.land = LandscapeAccumulator(grid=opts.grid, base_name=opts.base, compare_name=opts.compare, ranks=ranks)
         self.with_perm = bool(sketch_cols) and opts.compare == "icsd" and opts.permutations > 0
         self.cos_rows = CosineRows(with_perm=self.with_perm, clip_eps=opts.clip_eps, dual_clip=opts.dual_clip)
-        self.strata = strata
+        self.strata, self.signs = strata, signs
         self.n_tokens = self.n_batches = 0
 
     def add(self, batch: TokenBatch, weights: Any, u: np.ndarray, reader: DumpReader, opts: ReportOptions,
@@ -108,6 +109,7 @@ class _Stream:
         tokens = batch.tokens
         self.pooled.add(tokens, weights)
         self.strata.add(reader, batch, weights, u)
+        self.signs.add(tokens, weights)
         if self.per_step is not None:
             self.per_step.add(tokens, weights, group=_column(batch, reader, "step"))
         self.land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
@@ -128,6 +130,7 @@ class _Stream:
             self.per_step.merge(part.per_step)
         self.land.merge(part.land)
         self.strata.merge(part.strata)
+        self.signs.merge(part.signs)
         c, q = self.cos_rows, part.cos_rows
         c.ids += q.ids
         c.rows += q.rows
@@ -137,8 +140,9 @@ class _Stream:
         self.n_batches += part.n_batches
 
 
-def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, strata: ReportStrata, per_step: bool,
-                sketch_cols: Sequence[str], strata_cols: Sequence[str], names: set[str], batch_id: int) -> _Stream:
+def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, strata: ReportStrata, signs: SignsSection,
+                per_step: bool, sketch_cols: Sequence[str], strata_cols: Sequence[str], names: set[str],
+                batch_id: int) -> _Stream:
     """One batch of the report's stream on its own (what a Ray task runs; merged in batch order)."""
     import warnings
 
@@ -149,7 +153,7 @@ def report_part(paths: Sequence[str], opts: ReportOptions, ranks: Any, strata: R
         warnings.simplefilter("ignore")  # the driver has shown them
         reader = worker_reader(paths, ("step", "env", *strata_cols, *sketch_cols),
                                tuple(required_columns(opts.base, opts.compare)))
-        out = _Stream(opts, ranks, strata.fresh(), per_step=per_step, sketch_cols=sketch_cols)
+        out = _Stream(opts, ranks, strata.fresh(), signs.fresh(), per_step=per_step, sketch_cols=sketch_cols)
         for batch, weights, u in weighted_batches([reader.batch(batch_id)], opts.allocator(opts.base),
                                                   opts.allocator(opts.compare)):
             out.add(batch, weights, u, reader, opts, names, sketch_cols)
@@ -197,13 +201,15 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     steps: set[Any] = set()  # two or more values iff the valid tokens span two or more steps
     ranks = landscape_ranks(reader, opts.grid, steps=steps if "step" in names else None)
     strata = ReportStrata(reader, eps=opts.eps, base_name=opts.base, compare_name=opts.compare, bins=opts.strata_bins)
+    signs = SignsSection(reader.metadata(), opts.allocator(opts.base), opts.allocator(opts.compare))
     _release_freed_memory()
-    stream = _Stream(opts, ranks, strata, per_step=len(steps) >= 2, sketch_cols=sketch_cols)
+    stream = _Stream(opts, ranks, strata, signs, per_step=len(steps) >= 2, sketch_cols=sketch_cols)
     if backend == "ray":
         from icsd_audit.audit.ray_backend import ray_parts
 
-        for part in ray_parts(report_part, paths, (opts, ranks, strata, len(steps) >= 2, sketch_cols, strata_cols,
-                                                   names), reader.batch_ids, address=ray_address, workers=workers):
+        for part in ray_parts(report_part, paths, (opts, ranks, strata, signs, len(steps) >= 2, sketch_cols,
+                                                   strata_cols, names), reader.batch_ids, address=ray_address,
+                              workers=workers):
             stream.merge(part)
     else:
         for batch, weights, u in weighted_batches(prefetch(reader), opts.allocator(opts.base),
@@ -226,10 +232,12 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     fams = [f for part in parts for _, f in part]
     n_land = len(fams)  # the landscape's family last before the strata's: its replicates are kept
     fams += strata.families()  # (their replicates give the intensities' intervals)
+    n_strata = len(fams)
+    fams += signs.families()
     _release_freed_memory()
     raws = bootstrap_ratio_families(fams, n_resamples=opts.n_resamples, confidence_level=opts.confidence_level,
                                     rng=opts.seed, workers=workers,
-                                    keep_replicates=[i >= n_land - 1 for i in range(len(fams))])
+                                    keep_replicates=[n_land - 1 <= i < n_strata for i in range(len(fams))])
     stats = pooled.results(raws[: len(parts[0])])
     dynamics = per_step.results(raws[len(parts[0]) : len(parts[0]) + len(parts[1])]).tcm if dyn else None
     if dynamics is not None and all(r.undefined for r in dynamics.results):  # no curve to draw: say why instead
@@ -247,7 +255,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
         provenance=provenance(reader, opts, n_tokens, n_batches),
         options=opts,
         omitted=omitted,
-        strata=strata.results(raws[n_land:]),
+        strata=strata.results(raws[n_land:n_strata]),
+        signs=signs.result(raws[n_strata:]),
     )
 
 
@@ -272,7 +281,7 @@ def _release_freed_memory() -> None:
 
 
 #: report sections that need the teacher (delta) / the advantage, and so are n/a on a recording without one
-TEACHER_SECTIONS = ("summary", "quadrants", "landscape", "shift", "clip", "dynamics")
+TEACHER_SECTIONS = ("summary", "signs", "quadrants", "landscape", "shift", "clip", "dynamics")
 ADVANTAGE_SECTIONS = ("summary", "quadrants", "shift", "clip", "dynamics")
 
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from icsd_audit.report.figures.style import display_name
 from icsd_audit.report.results import AuditReport
+from icsd_audit.report.signs_tables import signs_line, signs_tables
 from icsd_audit.report.strata_tables import forking_line, strata_tables
 
 __all__ = ["Table", "report_tables", "render_markdown", "render_html", "CSP", "CAPTIONS", "md_table", "md_text",
@@ -45,7 +46,12 @@ CAPTIONS: dict[str, str] = {
                 "per-step bootstrap band.",
 }
 _TITLES = {"quadrants": "Sign regions", "landscape": "Allocation landscape", "shift": "Conditional share shift",
-           "alignment": "Gradient compatibility", "dynamics": "Training dynamics", "strata": "Token strata"}
+           "alignment": "Gradient compatibility", "dynamics": "Training dynamics", "strata": "Token strata",
+           "signs": "Mass by sign of \u0394"}
+
+
+#: the report's sections, in display order
+SECTIONS = ("summary", "signs", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics")
 
 
 def _title(section: str) -> str:
@@ -149,6 +155,7 @@ def report_tables(report: AuditReport) -> list[Table]:
                          f"Dual-clip cap ({c.dual_clip:g}) binds on {c.dual_clip_cap_count:,} tokens; "
                          f"ratio mean {c.ratio_mean:.4f}, sd {c.ratio_std:.4f}."))
     out += [Table(*t) for t in strata_tables(report)]
+    out += [Table(*t) for t in signs_tables(report)]
     g = report.gradcos
     if g is not None:
         rows = [(f"mean cos, {bn}", _ci(g.mean_base, 3, 1.0)), (f"mean cos, {cn}", _ci(g.mean_compare, 3, 1.0)),
@@ -275,7 +282,7 @@ def render_markdown(report: AuditReport, figures: Sequence[str]) -> str:
         parts += [f"> **Synthetic or unlabelled data** ({_synthetic_words(report)}): "
                   "these numbers describe the generator, not a training run.", ""]
     parts += [md_text(_headline(report)), "", "## Provenance", "", _md_table(("field", "value"), _provenance_rows(report)), ""]
-    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
+    for section in SECTIONS:
         sec_tables = [t for t in tables if t.section == section]
         if section in report.omitted:
             parts += [f"## {_title(section)}", "", f"*Not shown: {md_text(report.omitted[section])}.*", ""]
@@ -346,7 +353,7 @@ def render_html(report: AuditReport, figures: Mapping[str, bytes]) -> str:
                     f"({e(_synthetic_words(report))}): these numbers describe the generator, not a training run.</p>")
     body += ["<h2>Provenance</h2>", _html_table("Data and settings", ("field", "value"), _provenance_rows(report),
                                                             numeric=False)]
-    for section in ("summary", "quadrants", "landscape", "shift", "strata", "clip", "alignment", "dynamics"):
+    for section in SECTIONS:
         sec_tables = [t for t in tables if t.section == section]
         if section in report.omitted:
             body += [f"<h2 id=\"{section}\">{e(_title(section))}</h2>",
@@ -389,6 +396,8 @@ def terminal_lines(report: AuditReport, out: Any) -> list[str]:
                      f"gain {_signed(g.gain, 3, 1.0)} over {len(g.batch_ids)} batches ({level})")
     if len(report.strata) > 1:
         lines.append("  " + forking_line(report.strata[1]))
+    if report.signs is not None and "signs" not in report.omitted:
+        lines.append("  " + signs_line(report.signs))
     if report.omitted:
         lines.append(f"  not shown (why: summary.md): {', '.join(report.omitted)}")
     return lines

@@ -15,6 +15,7 @@ from icsd_audit.alloc.options import AllocatorOptions
 from icsd_audit.audit.gradcos import GradcosSummary
 from icsd_audit.stats import AuditResults, GroupedResult, LandscapeResult
 from icsd_audit.stats.results import StrataResult
+from icsd_audit.stats.signs import SignSharesResult
 
 __all__ = ["ReportOptions", "AuditReport", "FIGURE_NAMES", "REPORT_SCHEMA", "FIGURE_FORMATS", "REPORT_FILES",
            "report_owns", "figures_own"]
@@ -138,6 +139,8 @@ class AuditReport:
     options: ReportOptions = field(default_factory=ReportOptions)
     omitted: Mapping[str, str] = field(default_factory=dict)
     strata: tuple[StrataResult, ...] = ()
+    #: each weighting's share of the mass by the sign of delta (None when omitted: no teacher)
+    signs: SignSharesResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,5 +152,6 @@ class AuditReport:
             "dynamics": None if self.dynamics is None else self.dynamics.to_dict(),
             "gradcos": None if self.gradcos is None else self.gradcos.to_dict(),
             "strata": [r.to_dict() for r in self.strata],
+            "signs": None if self.signs is None else self.signs.to_dict(),
             "omitted": dict(self.omitted),
         }

@@ -11,7 +11,8 @@ from icsd_audit.alloc.settings import SETTING_HELP
 from icsd_audit.cli.main import app
 from icsd_audit.cli.options import SHARED_SETTINGS
 
-AUDIT_COMMANDS = ("coeffs", "tcm", "quadrants", "shift", "clip", "landscape", "strata", "gradcos", "figures", "report")
+AUDIT_COMMANDS = ("coeffs", "tcm", "quadrants", "shift", "clip", "landscape", "strata", "signs", "gradcos", "figures",
+                  "report")
 
 
 def _command(name: str) -> typer.models.CommandInfo:

@@ -13,7 +13,8 @@ from icsd_audit.cli.help_format import reflow, type_label
 from icsd_audit.cli.main import app
 
 PAGES = [[], ["audit"], ["synth"], ["train"], ["eval"], *[["audit", c] for c in (
-    "coeffs", "verify", "tcm", "quadrants", "shift", "clip", "strata", "landscape", "gradcos", "figures", "report")]]
+    "coeffs", "verify", "tcm", "quadrants", "shift", "clip", "strata", "signs", "landscape", "gradcos", "figures",
+    "report")]]
 
 
 def help_text(args: list[str], width: int) -> str:

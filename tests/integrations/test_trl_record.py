@@ -260,6 +260,77 @@ def test_audit_commands_exit_0_on_recordings(runs, kind, tmp_path):
         assert any("without rewards or advantages" in why for why in summary["omitted"].values()), summary["omitted"]
 
 
+def _laplace_trust(delta: list[float], eta: float = 0.4, eps: float = 1e-4, min_group: int = 8) -> list[float]:
+    """SPEC 3's default trust of one batch, by hand: the asymmetric Laplace map fitted on its deltas."""
+    x = sorted(delta)
+    n = len(x)
+    mu = x[n // 2] if n % 2 else 0.5 * (x[n // 2 - 1] + x[n // 2])
+    lo = [mu - v for v in delta if v < mu]
+    hi = [v - mu for v in delta if v >= mu]
+    raw_lo, raw_hi = (sum(lo) / len(lo) if lo else 0.0), (sum(hi) / len(hi) if hi else 0.0)
+    if n < min_group or not (raw_lo > eps or raw_hi > eps):
+        mu, b_lo, b_hi = 0.0, 1.0, 1.0
+    else:
+        b_lo, b_hi = max(raw_lo, eps), max(raw_hi, eps)
+    return [eta * np.exp((v - mu) / b_lo) if v < mu else 1 - (1 - eta) * np.exp(-(v - mu) / b_hi) for v in delta]
+
+
+def test_sdft_recording_splits_the_mass_by_sign_of_delta(runs, tmp_path):
+    """Without an advantage the audit still says where the mass goes by the sign of delta: the deployed uniform
+    weighting against SDAR (SPEC 3's laplace trust, the recorded uniform one being OPSD itself), each share
+    equal to a loop over the dump's own columns; the report shows the command's intervals."""
+    from tests.cli.test_outputs import cli
+
+    dumps = runs["sdft"][-1]
+    res = cli("audit", "signs", str(dumps), "--json", "--resamples", "300")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["weightings"] == ["opsd", "sdar"] and got["settings"]["sdar"]["trust"] == "laplace"
+    assert any("opsd's weighting itself" in n for n in got["notes"])
+    assert any("needs an advantage" in n for n in got["notes"])  # the audit's pair compares ICSD
+    assert "note: icsd needs an advantage" in res.stderr
+    d = read_dump(dumps)
+    assert (d["advantage"] == 0).all()
+    sums = {w: {"positive": 0.0, "negative": 0.0, "zero": 0.0} for w in ("opsd", "sdar")}
+    for b in sorted(set(d["batch_id"].tolist())):
+        sel = np.flatnonzero((d["batch_id"] == b) & d["valid"])
+        deltas = [float(v) for v in d["delta"][sel]]
+        for v, g in zip(deltas, _laplace_trust(deltas)):
+            s = "positive" if v > 0 else "negative" if v < 0 else "zero"
+            sums["opsd"][s] += 1.0
+            sums["sdar"][s] += g
+    for w, by in sums.items():
+        tot = sum(by.values())
+        for s, v in by.items():
+            if s in got["shares"][w]:
+                assert got["shares"][w][s]["estimate"] == pytest.approx(v / tot, abs=1e-9), (w, s)
+            else:
+                assert v == 0.0
+    assert got["shares"]["sdar"]["positive"]["estimate"] != pytest.approx(
+        got["shares"]["opsd"]["positive"]["estimate"], abs=1e-3)  # the two weightings do differ here
+    r = cli("audit", "report", str(dumps), "--out", str(tmp_path / "rep"), "--resamples", "300")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert "signs" not in summary["omitted"] and summary["signs"] == got
+    assert "## Mass by sign of \u0394" in (tmp_path / "rep" / "summary.md").read_text()
+    bad = cli("audit", "signs", str(dumps), "--compare", "icsd", "--json")
+    assert bad.returncode == 2 and "--compare icsd needs an advantage" in bad.stderr and bad.stdout == ""
+
+
+def test_sign_split_needs_a_teacher_and_runs_on_sdpo(runs, tmp_path):
+    from tests.cli.test_outputs import cli
+
+    bad = cli("audit", "signs", str(runs["grpo"][-1]), "--json")
+    assert bad.returncode == 2 and "needs a teacher" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    ok = cli("audit", "signs", str(runs["sdpo:topk_logits:0.5"][-1]), "--json", "--resamples", "100")
+    assert ok.returncode == 0, ok.stderr
+    got = json.loads(ok.stdout)
+    assert got["weightings"] == ["opsd", "icsd"] and got["notes"] == []
+    # top-k mode: delta is 0 where the sampled token is outside the student's top-k (no teacher value)
+    d = read_dump(runs["sdpo:topk_logits:0.5"][-1])
+    assert got["tokens"]["zero"] == int((d["delta"] == 0).sum())
+
+
 def test_record_refuses_twice_and_non_trainers(model_dir, tmp_path):
     tr = make_trainer("grpo", model_dir, tmp_path / "o")
     record(tr, tmp_path / "d")
@@ -303,6 +374,24 @@ def test_importing_the_module_draws_no_random_number():
     with warnings.catch_warnings():
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_recorded_log_probs_are_trl_s_bit_for_bit():
+    """The dump's logp and teacher_logp are TRL's selective_log_softmax values (the distillation term's inputs);
+    the entropy is a float64 reference's to float32 precision, masked (-inf) logits included."""
+    from trl.trainer.utils import selective_log_softmax
+
+    from icsd_audit.integrations.trl.recorder import student_logps_and_entropy, token_logps
+
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(3, 7, 40, generator=g) * 4
+    z[0, 0, :6] = float("-inf")
+    ids = torch.randint(6, 40, (3, 7), generator=g)
+    logp, ent = student_logps_and_entropy(z, ids)
+    assert torch.equal(logp, selective_log_softmax(z, ids)) and torch.equal(token_logps(z, ids), logp)
+    p = torch.softmax(z.double(), -1)
+    want = -(p * torch.log(p).nan_to_num(neginf=0.0)).sum(-1)
+    assert torch.allclose(ent.double(), want, atol=2e-6, rtol=0)
 
 
 def test_in_topk_equals_torch_topk_membership_ties_included():

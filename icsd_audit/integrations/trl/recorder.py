@@ -59,10 +59,13 @@ import torch
 from torch import Tensor
 
 from icsd_audit.integrations.checks import check_values
-from icsd_audit.integrations.core import dump_writer, turn_ids_from_mask
+from icsd_audit.integrations.core import dump_writer
+from icsd_audit.integrations.trl.logits import (in_topk, sampled_token_logps, student_entropy,
+                                                student_logps_and_entropy, teacher_token_logps, token_logps)
 
 __all__ = ["TESTED_TRL", "RECORDED_TRAINERS", "ACTIVE_CAPTURE", "LossCapture", "Recorder", "TrainerKind", "record",
            "recorder_of", "trainer_kind", "prompt_hash", "sampled_token_logps", "student_entropy", "teacher_token_logps",
+           "token_logps", "student_logps_and_entropy",
            "in_topk",
            "wrap_term_functions"]
 
@@ -177,7 +180,7 @@ class Recorder:
     """The per-trainer state :func:`record` attaches (``trainer._icsd_recorder``): writer, pending rows, counters."""
 
     def __init__(self, trainer: Any, dump_dir: str | Path, kind: TrainerKind, producer: Mapping[str, Any] | None,
-                 allocation: Mapping[str, Any] | None = None):
+                 allocation: Mapping[str, Any] | None = None, compression: str = "snappy"):
         self.trainer, self.kind = trainer, kind
         self.name = type(trainer).__name__
         acc = trainer.accelerator
@@ -188,7 +191,7 @@ class Recorder:
         self.micro_in_step = 0
         self.writer = dump_writer(dump_dir, rank=self.rank, world_size=self.world, producer=self.producer(producer),
                                   allocation=allocation if allocation is not None else self.allocation(),
-                                  null_nan=("teacher_logp", "reward"))
+                                  null_nan=("teacher_logp", "reward"), compression=compression)
 
     # ------------------------------------------------------------------ provenance
     def producer(self, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -238,65 +241,82 @@ class Recorder:
         """Flat columns of one micro-batch, checked, kept until the optimizer step ends.
 
         ``entropy``: the student's per-token entropy from the logits that gave ``logp`` (None: no column).
+        Every ``[B, T]`` input reaches the host in one transfer and is read at the mask in numpy; a
+        column is checked for finite values on its valid tokens in one pass, and only a failing one
+        goes through :func:`~icsd_audit.integrations.checks.check_values` for the message naming the
+        trainer, key, row and token.
         """
         step = self.batch_step()
         ids, cmask = inputs["completion_ids"], inputs["completion_mask"]
         B, T = ids.shape
         mask = (cmask if "tool_mask" not in inputs else cmask * inputs["tool_mask"]) if mask is None else mask
-        m = mask.detach().bool().cpu()
-        logp = logp.detach().float().cpu()
-        old = inputs.get("old_per_token_logps")
-        old = logp if old is None else old.detach().float().cpu()
-        where = f"{self.name} (record, step {step})"
-
-        def checked(key: str, x: Any) -> Tensor:  # a bad value stops here, naming trainer, key and row
-            return check_values(f"{where}: {key}", x, m)
-
-        checked("per-token log-probs", logp)
-        checked("inputs['old_per_token_logps']", old)
+        old_in = inputs.get("old_per_token_logps")
+        grid = {"logp": logp} if old_in is None else {"logp": logp, "old": old_in}
         if self.kind.has_advantage:
-            adv = checked("inputs['advantages']", advantage.detach().float().cpu())
-            log_ratio = logp - old
+            log_ratio = logp.detach().float() - grid.get("old", logp).detach().float()
             if getattr(self.trainer, "importance_sampling_level", "token") == "sequence":  # GSPO: one per completion
-                mf = m.to(log_ratio.dtype)
+                mf = mask.detach().to(log_ratio.dtype)
                 log_ratio = ((log_ratio * mf).sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp(min=1.0)
                              ).expand(B, T)
-            ratio = torch.exp(log_ratio)  # TRL's coef_1 from the same float32 inputs
+            grid["ratio"] = torch.exp(log_ratio)  # TRL's coef_1 from the same float32 inputs, on the same grid
+        for key, x in (("teacher", teacher_logp), ("term", term), ("entropy", entropy), ("c", c)):
+            if x is not None:
+                grid[key] = x
+        host = _to_host({**grid, "ids": ids, "mask": mask})
+        m = host.pop("mask").astype(bool)
+        rows = np.nonzero(m)[0]
+        where = f"{self.name} (record, step {step})"
+
+        def pick(key: str, label: str | None, x: Any) -> np.ndarray:
+            """``x`` (``[B, T]`` or one value per row ``[B]``) at the valid tokens; checked unless ``label`` is None."""
+            a = np.asarray(x)
+            if a.shape == (B, T):
+                v = a[m]
+            elif a.shape == (B,):
+                v = a[rows]
+            else:
+                v = None
+            if label is not None and (v is None or not np.isfinite(v).all()):
+                check_values(f"{where}: {label}", torch.as_tensor(a), torch.from_numpy(m))
+                raise ValueError(f"{where}: {label} holds a non-finite value on a valid token")  # (not reached)
+            if v is None:
+                raise ValueError(f"{where}: {key} has shape {a.shape}; it must have the mask's shape {(B, T)}")
+            return v
+
+        lp = pick("logp", "per-token log-probs", host["logp"])
+        old = lp if old_in is None else pick("old_logp", "inputs['old_per_token_logps']", host["old"])
+        n = lp.shape[0]
+        if self.kind.has_advantage:
+            adv = pick("advantage", "inputs['advantages']", _host_one(advantage))
+            ratio = pick("ratio", None, host["ratio"])
         else:
-            adv, ratio = torch.zeros(B), torch.ones(B, T)
-        if teacher_logp is not None:
-            t = teacher_logp.detach().float().cpu()
-            known = ~torch.isnan(t)  # NaN marks "no teacher value here" (outside a top-k): null in the dump
-            checked("teacher log-probs", torch.where(known, t, torch.zeros_like(t)))
-            delta = torch.where(known, t - logp, torch.zeros_like(t))
+            adv, ratio = np.zeros(n, dtype=np.float32), np.ones(n, dtype=np.float32)
+        if "teacher" in host:
+            t = pick("teacher_logp", None, host["teacher"])
+            known = ~np.isnan(t)  # NaN marks "no teacher value here" (outside a top-k): null in the dump
+            if not np.isfinite(t[known]).all():
+                pick("teacher_logp", "teacher log-probs", np.where(np.isnan(host["teacher"]), 0.0, host["teacher"]))
+            delta = np.where(known, t - lp, np.float32(0.0))
         else:
-            t, delta = torch.full((B, T), float("nan")), torch.zeros(B, T)
-        term_t = torch.zeros(B, T) if term is None else term.detach().float().cpu()
-        checked("per-token distillation term", term_t)
-        ent = None if entropy is None else checked("per-token entropies", entropy.detach().float().cpu())
-        turns = turn_ids_from_mask(m)
-        rows, cols = torch.nonzero(m, as_tuple=True)
+            t, delta = np.full(n, np.nan, dtype=np.float32), np.zeros(n, dtype=np.float32)
+        term_v = np.zeros(n, dtype=np.float32) if "term" not in host else pick(
+            "distill_term", "per-token distillation term", host["term"])
+        started = m.copy()
+        started[:, 1:] &= ~m[:, :-1]  # a turn starts where a run of valid tokens starts
         base = (step << 32) | (self.rank << 20)
-        traj = torch.arange(B, dtype=torch.int64) + base + self.rows_in_step
-        pos = (torch.cumsum(m.long(), 1) - 1)[rows, cols]
-        task = prompt_hash(inputs["prompt_ids"], inputs["prompt_mask"])
-
-        def tok(x: Tensor) -> np.ndarray:
-            x = x.detach().cpu()
-            x = x.view(-1, 1).expand(B, T) if x.dim() == 1 else x
-            return x[rows, cols].numpy()
-
-        out = {"batch_id": np.full(rows.numel(), step if batch_id is None else batch_id, dtype=np.int64),
-               "traj_id": traj[rows].numpy(), "turn_id": turns[rows, cols].numpy().astype(np.int32),
-               "pos": pos.numpy().astype(np.int32), "step": np.full(rows.numel(), step, dtype=np.int64),
-               "token_id": ids.detach().cpu()[rows, cols].numpy().astype(np.int32), "task": task[rows.numpy()],
-               "valid": np.ones(rows.numel(), dtype=bool), "advantage": tok(adv), "ratio": tok(ratio),
-               "delta": tok(delta), "logp": tok(logp), "old_logp": tok(old), "teacher_logp": tok(t),
-               "distill_term": tok(term_t), "c": np.ones(rows.numel(), dtype=np.float32) if c is None else tok(c)}
+        out = {"batch_id": np.full(n, step if batch_id is None else batch_id, dtype=np.int64),
+               "traj_id": rows.astype(np.int64) + (base + self.rows_in_step),
+               "turn_id": (np.cumsum(started, axis=1, dtype=np.int32) - 1)[m],
+               "pos": (np.cumsum(m, axis=1, dtype=np.int32) - 1)[m], "step": np.full(n, step, dtype=np.int64),
+               "token_id": host["ids"][m].astype(np.int32),
+               "task": prompt_hash(inputs["prompt_ids"], inputs["prompt_mask"])[rows],
+               "valid": np.ones(n, dtype=bool), "advantage": adv, "ratio": ratio, "delta": delta, "logp": lp,
+               "old_logp": old, "teacher_logp": t, "distill_term": term_v,
+               "c": np.ones(n, dtype=np.float32) if "c" not in host else pick("c", None, host["c"])}
         if reward is not None:
-            out["reward"] = tok(reward.detach().float().cpu())
-        if ent is not None:
-            out["entropy"] = tok(ent)
+            out["reward"] = pick("reward", None, _host_one(reward))
+        if "entropy" in host:
+            out["entropy"] = pick("entropy", "per-token entropies", host["entropy"])
         self.pending.append(out)
         self.rows_in_step += B
         self.micro_in_step += 1
@@ -305,11 +325,40 @@ class Recorder:
         """Write the step's rows as one shard in a committed step folder (nothing when the step had none)."""
         if not self.pending or self.step is None:
             return None
-        cols = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+        cols = (self.pending[0] if len(self.pending) == 1
+                else {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]})
         self.pending = []
         with self.writer.step(self.step) as s:
             self.writer.write(**cols)
         return s.target
+
+
+def _to_host(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Detached float32 (ids and masks as they are) numpy copies on the host, one transfer per device.
+
+    CPU tensors are viewed without a copy; tensors on an accelerator are stacked there by dtype
+    and copied back together, so a step costs one device-to-host synchronisation, not one per column.
+    """
+    out: dict[str, np.ndarray] = {}
+    remote: dict[tuple[Any, Any, tuple[int, ...]], list[tuple[str, Tensor]]] = {}
+    for key, x in tensors.items():
+        x = x.detach()
+        if x.is_floating_point() and x.dtype != torch.float32:
+            x = x.float()
+        if x.device.type == "cpu":
+            out[key] = x.numpy()
+        else:
+            remote.setdefault((x.device, x.dtype, tuple(x.shape)), []).append((key, x))
+    for group in remote.values():
+        stacked = torch.stack([x for _, x in group]).cpu().numpy()
+        for (key, _), a in zip(group, stacked):
+            out[key] = a
+    return out
+
+
+def _host_one(x: Tensor) -> np.ndarray:
+    """One small tensor (per-row values) as float32 numpy on the host."""
+    return x.detach().float().cpu().numpy()
 
 
 def recorder_of(trainer: Any) -> Recorder | None:
@@ -332,13 +381,16 @@ def _step_callback(rec: Recorder) -> Any:
     return _FlushOnStep()
 
 
-def record(trainer: Any, dump_dir: str | Path, *, producer: Mapping[str, Any] | None = None) -> Any:
+def record(trainer: Any, dump_dir: str | Path, *, producer: Mapping[str, Any] | None = None,
+           compression: str = "snappy") -> Any:
     """Record ``trainer`` (a TRL ``GRPOTrainer``, ``SDPOTrainer`` or ``SDFTTrainer``) into ``dump_dir``; returns it.
 
     From the next training step on, every optimizer step's completion tokens are written as one
     committed step folder per rank (see the module docstring for the columns and provenance),
     without changing what the trainer computes.  ``producer``: free keys for the dumps' SPEC 9
-    ``producer`` block (env, model, seed, ...).  A trainer recorded twice, a teacher served by
+    ``producer`` block (env, model, seed, ...).  ``compression``: the shards' Parquet codec
+    (``snappy``, cheap for one small shard per step; ``zstd`` writes 7-14 % fewer bytes for
+    about 1 ms more per step).  A trainer recorded twice, a teacher served by
     vLLM or GRPO's Liger loss is a ``ValueError``; a TRL version outside 1.16.x a warning.
     """
     kind = trainer_kind(trainer)
@@ -352,7 +404,7 @@ def record(trainer: Any, dump_dir: str | Path, *, producer: Mapping[str, Any] | 
     if getattr(trainer.args, "use_liger_kernel", False):
         raise ValueError(f"record: {type(trainer).__name__} with use_liger_kernel=True is not supported: the Liger loss "
                          "never materializes per-token log-probs")
-    rec = Recorder(trainer, dump_dir, kind, producer, allocation=_allocation_of(trainer))
+    rec = Recorder(trainer, dump_dir, kind, producer, allocation=_allocation_of(trainer), compression=compression)
     if kind.has_teacher:
         wrap_term_functions(kind.module)
         _hook_self_distillation(trainer, rec)
@@ -430,52 +482,6 @@ def _hook_grpo(trainer: Any, rec: Recorder) -> None:
 # ---------------------------------------------------------------------------------------- SDPO / SDFT
 
 
-def sampled_token_logps(logits: Tensor, ids: Tensor) -> Tensor:
-    """``log softmax(logits)[ids]`` per token with TRL's own ``selective_log_softmax`` (no gradient)."""
-    from trl.trainer.utils import selective_log_softmax
-
-    with torch.no_grad():
-        return selective_log_softmax(logits.detach(), ids)
-
-
-def student_entropy(logits: Tensor) -> Tensor:
-    """``[B, T]`` float32 entropy in nats of ``softmax(logits)`` per token (SPEC 11; no gradient, no forward)."""
-    from icsd_audit.train.update.logprobs import entropy_from_logits
-
-    with torch.no_grad():
-        z = logits.detach().float()
-        return entropy_from_logits(z, torch.logsumexp(z, dim=-1))
-
-
-def teacher_token_logps(trainer: Any, student_logits: Tensor, teacher_logits: Tensor, ids: Tensor) -> Tensor:
-    """The teacher's log-prob of each sampled token; NaN (null in the dump) outside the student's top-k support."""
-    t = sampled_token_logps(teacher_logits, ids)
-    a = trainer.args
-    if getattr(a, "distillation_mode", None) == "topk_logits" and a.distillation_topk is not None:
-        inside = in_topk(student_logits, ids, a.distillation_topk)
-        t = torch.where(inside, t, torch.full_like(t, float("nan")))
-    return t
-
-
-def in_topk(logits: Tensor, ids: Tensor, k: int) -> Tensor:
-    """``[B, T]`` bool: is ``ids`` among ``torch.topk(logits, k)``'s indices (TRL's top-k support)?
-
-    By rank, without sorting: a token with fewer than ``k`` logits above it and at most ``k``
-    at or above it is inside, one with ``k`` or more above it outside; only a tie across the
-    k-th place is settled by ``torch.topk`` itself, on those positions alone.
-    """
-    with torch.no_grad():
-        z = logits.detach()
-        mine = z.gather(-1, ids.unsqueeze(-1))
-        above, at_or_above = (z > mine).sum(-1), (z >= mine).sum(-1)
-        inside = at_or_above <= k
-        tie = (above < k) & ~inside
-        if bool(tie.any()):
-            top = torch.topk(z[tie], k=k, dim=-1).indices
-            inside[tie] = (top == ids[tie].unsqueeze(-1)).any(-1)
-    return inside
-
-
 def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:
     loss_fn = trainer.compute_loss
     policy_fn = getattr(trainer, "_compute_policy_loss", None)
@@ -507,16 +513,19 @@ def _hook_self_distillation(trainer: Any, rec: Recorder) -> None:
                                "self-distillation loss (a TRL change?)")
         ids = inputs["completion_ids"]
         with torch.no_grad():
-            logp = sampled_token_logps(cap.student_logits, ids)
-            t = None if cap.teacher_logits is None else teacher_token_logps(trainer, cap.student_logits,
-                                                                             cap.teacher_logits, ids)
+            logp, ent = student_logps_and_entropy(cap.student_logits, ids)
+            if "logp" in cap.extra:  # ICSDSDPOTrainer's allocation read them: record the values c came from
+                logp, t = cap.extra["logp"], cap.extra["teacher_logp"]
+            else:
+                t = None if cap.teacher_logits is None else teacher_token_logps(trainer, cap.student_logits,
+                                                                                 cap.teacher_logits, ids)
             term = None if cap.term is None else cap.term.detach() * cap.loss_mask.detach()
             if t is None:  # weight 0: SDPO ran no teacher forward, so there is no teacher signal to record
                 t = torch.full_like(logp, float("nan"))
             rec.add(inputs=inputs, logp=logp, teacher_logp=t, term=term,
                     advantage=inputs.get("advantages") if rec.kind.has_advantage else None,
                     reward=inputs.get("rewards"), c=cap.extra.get("c"), batch_id=cap.extra.get("batch_id"),
-                    entropy=student_entropy(cap.student_logits))
+                    entropy=ent)
         return loss
 
     if policy_fn is not None:

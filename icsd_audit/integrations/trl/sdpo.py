@@ -63,6 +63,7 @@ class ICSDSDPOTrainer(SDPOTrainer):
         self.icsd = icsd or AllocationSettings()
         self._icsd_counter = (-1, 0)  # (step, micro-batches allocated in it)
         self.icsd_last: Any = None  # the last micro-batch's PaddedAllocation (tests, debugging)
+        self.icsd_last_tokens: Any = None  # (logp, teacher_logp) that allocation read
         wrap_term_functions(SDPOTrainer.__module__)
         dump_dir = getattr(self.icsd, "dump_dir", None)
         if dump_dir is not None:
@@ -98,6 +99,7 @@ class ICSDSDPOTrainer(SDPOTrainer):
                                     response_mask=mask, traj_id=torch.arange(B, device=ids.device),
                                     batch_id=batch_id, settings=self.icsd.allocator_settings())
         self.icsd_last = alloc
+        self.icsd_last_tokens = (logp, t)  # what c was computed from: record() writes these very values
         return alloc.c
 
     def _compute_self_distillation_loss(self, model: Any, inputs: Any, distillation_logits: Any) -> Tensor:
@@ -110,7 +112,8 @@ class ICSDSDPOTrainer(SDPOTrainer):
             if self.model.training:
                 bid = self._icsd_batch_id()
                 c = self.icsd_coefficients(inputs, distillation_logits, batch_id=bid)
-                cap.extra.update(c=c, batch_id=bid)
+                logp, t = self.icsd_last_tokens
+                cap.extra.update(c=c, batch_id=bid, logp=logp, teacher_logp=t)
                 c32 = c.to(distillation_logits.student_logits.dtype)
                 cap.scale = lambda term: term * c32
             return super()._compute_self_distillation_loss(model, inputs, distillation_logits)
