@@ -215,7 +215,8 @@ class Family:
         if not self.parts:
             return
         got = gbuf[:, : self.part_rows.size]
-        np.take(counts, self.part_rows, axis=1, out=got, mode="wrap")
+        for j in range(counts.shape[0]):  # a block at a time: NumPy's take of 16-byte rows is 2x as fast in 2-D
+            np.take(counts[j], self.part_rows, axis=0, out=got[j], mode="wrap")
         for t0 in range(0, got.shape[1], TILE):
             t1 = min(got.shape[1], t0 + TILE)
             x = cf[:, : t1 - t0]
