@@ -10,6 +10,12 @@ of ~333k tokens, as in the issue: 60 batches for 20M), then ``tcm --json`` and
 peak RSS and CPU time (user + system, bootstrap workers included) come from a wrapper
 process of its own.  The machine is shared: the load average is printed with every run,
 and the ratio of medians taken from the interleaved runs is the figure to quote.
+
+What the report computes on these dumps: ``icsd synth`` writes one step, no ``entropy`` or
+``logp`` column and no gradient sketch, so the default report shows the summary, sign
+regions, share shift, clipping and landscape, and omits dynamics, alignment and the
+token strata (which add about 60 % of the report's CPU where the dumps carry a covariate;
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -286,11 +286,16 @@ class AuditAccumulator:
         self._batch_final, self._grank = batch, grank
         if "shift" in self.statistics:
             self._shift_meta = self._shift_columns(grank, len(self._groups.values) if self.by else 1)
-        specs: list[tuple[str, list[tuple[str, str, str]], list[tuple[str, str, str]]]] = []
+        specs: list[tuple[str, list[tuple[str, str, str]], list[tuple[str, str, str]], dict[str, list[str]]]] = []
         for stat in self.statistics:
-            # ratios (name, numerator column, denominator column) and differences
+            # ratios (name, numerator column, denominator column), differences, and totals as the sums of their
+            # parts (the shift's S+ mass as its bins' sums: no product of its own; still from the statistic's
+            # own columns alone, SPEC 7).  The quadrants keep their totals: with turn-mass-matched weightings
+            # the two are the same bits turn by turn, so a region's paired difference stays exactly 0 where
+            # its two masses agree
             ratios: list[tuple[str, str, str]] = []
             diffs: list[tuple[str, str, str]] = []
+            totals: dict[str, list[str]] = {}
 
             def paired(key: str, nb: str, db: str, nc: str, dc: str) -> None:
                 ratios.append((f"{key}:b", nb, db))
@@ -305,27 +310,29 @@ class AuditAccumulator:
             elif stat == "shift":
                 for lab in shift_bin_labels(self.n_bins):
                     paired(f"s:{lab}", f"sh_{lab}_b", "sh_total_b", f"sh_{lab}_c", "sh_total_c")
+                totals = {f"sh_total_{x}": [f"sh_{lab}_{x}" for lab in shift_bin_labels(self.n_bins)] for x in "bc"}
             else:
                 for side in ("out", "flat"):
                     ratios.append((f"clip:{side}:tokens", f"clip_{side}_n", "n"))
                     paired(f"clip:{side}:mass", f"clip_{side}_b", "total_b", f"clip_{side}_c", "total_c")
                     paired(f"clip:{side}:absd", f"wd_{side}_b", "wd_total_b", f"wd_{side}_c", "wd_total_c")
                 ratios.append(("clip:cap:tokens", "clip_cap_n", "n"))
-            specs.append((stat, ratios, diffs))
+            specs.append((stat, ratios, diffs, totals))
         # per-turn columns: one matrix per statistic, pieces dropped after their last use
-        needed = [sorted({c for _, a, b in ratios for c in (a, b)}) for _, ratios, _ in specs]
+        needed = [sorted({c for _, a, b in ratios for c in (a, b) if c not in totals})
+                  for _, ratios, _, totals in specs]
         last = {c: i for i, names in enumerate(needed) for c in names}
         self._cols_final = final = {k: np.concatenate(v) for k, v in self._cols.items() if k.endswith("_n")
                                     and k != "clip_out_n" and k != "clip_flat_n" and k != "clip_cap_n"}
         out: list[tuple[str, RatioFamily]] = []
-        for i, ((stat, ratios, diffs), names) in enumerate(zip(specs, needed)):
+        for i, ((stat, ratios, diffs, totals), names) in enumerate(zip(specs, needed)):
             M = np.empty((len(names), self._n_clusters), dtype=np.float64)
             for k, c in enumerate(names):
                 np.concatenate(self._cols[c], out=M[k], casting="unsafe")
                 final[c] = M[k]
                 if last[c] == i:
                     del self._cols[c]
-            col_of = {c: k for k, c in enumerate(names)}
+            col_of = {c: k for k, c in enumerate([*names, *totals])}
             rix = {r[0]: j for j, r in enumerate(ratios)}
             out.append((stat, RatioFamily(
                 M.T,  # (turns x columns) as a view: the bootstrap takes the rows of M as they are
@@ -335,6 +342,7 @@ class AuditAccumulator:
                 groups=grank,
                 differences=[(rix[a], rix[b]) for _, a, b in diffs],
                 names=[r[0] for r in ratios] + [d[0] for d in diffs],
+                totals=[[col_of[c] for c in parts] for parts in totals.values()],
             )))
         self._cols = {}
         return out
@@ -435,7 +443,6 @@ class AuditAccumulator:
             for i, lab in enumerate(labels):
                 sel = bins == i
                 self._cols[f"sh_{lab}_{side}"] = [np.bincount(cl[sel], weights=s[sel], minlength=n)]
-            self._cols[f"sh_total_{side}"] = [np.bincount(cl, weights=s, minlength=n)]
         return meta
 
 

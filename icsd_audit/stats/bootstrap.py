@@ -34,6 +34,7 @@ Pure numpy/scipy, float64 throughout.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
@@ -45,18 +46,8 @@ from icsd_audit.stats.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
 
-__all__ = [
-    "BLOCK",
-    "BootstrapResult",
-    "RatioBootstrapResult",
-    "cluster_bootstrap_ratio",
-    "bootstrap_ratio_columns",
-    "bootstrap_ratio_families",
-    "RatioFamily",
-    "batch_bootstrap_mean",
-    "exact_zero_result",
-    "resampled_sums",
-]
+__all__ = ["BLOCK", "BootstrapResult", "RatioBootstrapResult", "cluster_bootstrap_ratio", "bootstrap_ratio_columns",
+           "bootstrap_ratio_families", "RatioFamily", "batch_bootstrap_mean", "exact_zero_result", "resampled_sums"]
 
 Unit = Literal["action-turn", "batch"]
 
@@ -344,7 +335,9 @@ class RatioFamily:
     ``sum sums[:, numerator_index[j]] / sum sums[:, denominator_index[j]]`` per group;
     ``strata`` / ``groups`` label the clusters (batch, and e.g. step); ``differences``
     pairs (a, b) of ratio indices, ratio_a - ratio_b on the same resample; ``names``
-    label the ratios then the differences.
+    label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
+    of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
+    point and resampled sums are its parts' added in order, with no product of its own.
     """
 
     sums: Any
@@ -354,6 +347,7 @@ class RatioFamily:
     groups: Any = None
     differences: Sequence[tuple[int, int]] = ()
     names: Sequence[str] | None = None
+    totals: Sequence[Sequence[int]] = ()
 
 
 @dataclass
@@ -370,8 +364,17 @@ class _Prepared:
     sgroup: np.ndarray
     gvalues: tuple[Any, ...]
     estimate: np.ndarray
+    totals: tuple[tuple[int, ...], ...] = ()  # positions in ST of each total's parts
+
+    def with_totals(self, T: np.ndarray) -> np.ndarray:
+        """T's columns, then each total: its parts' sums added in order."""
+        if not self.totals:
+            return T
+        extra = [functools.reduce(np.add, [T[..., c] for c in parts]) for parts in self.totals]
+        return np.concatenate([T, np.stack(extra, axis=-1)], axis=-1)
 
     def stats_of(self, T: np.ndarray) -> np.ndarray:
+        T = self.with_totals(T)
         r = _ratio(T[..., self.num], T[..., self.den])
         if self.diffs:
             d = np.stack([r[..., a] - r[..., b] for a, b in self.diffs], axis=-1)
@@ -389,8 +392,12 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     den_idx = np.asarray(fam.denominator_index, dtype=np.int64).reshape(-1)
     if num_idx.shape != den_idx.shape:
         raise ValueError("numerator_index and denominator_index must have the same length")
-    if ((num_idx < 0) | (num_idx >= k) | (den_idx < 0) | (den_idx >= k)).any():
-        raise ValueError(f"column indices must lie in 0..{k - 1}")
+    totals = [np.asarray(t, dtype=np.int64).reshape(-1) for t in fam.totals]
+    if any(t.size == 0 or ((t < 0) | (t >= k)).any() for t in totals):
+        raise ValueError(f"each total needs one or more parts among the columns 0..{k - 1}")
+    kt = k + len(totals)  # totals are columns k, k + 1, ...
+    if ((num_idx < 0) | (num_idx >= kt) | (den_idx < 0) | (den_idx >= kt)).any():
+        raise ValueError(f"column indices must lie in 0..{kt - 1}")
     j = num_idx.size
     diffs = [(int(a), int(b)) for a, b in fam.differences]
     for a, b in diffs:
@@ -405,8 +412,14 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     scode, _ = _labels(fam.strata, n, "strata")
     gcode, gvalues = _labels(fam.groups, n, "groups")
     n_groups = len(gvalues)
-    # only the columns some ratio uses, each once
-    used, inv = np.unique(np.concatenate([num_idx, den_idx]), return_inverse=True)
+    # only the columns some ratio or some used total needs, each once; the used totals' positions follow them
+    ref = np.concatenate([num_idx, den_idx])
+    used_totals = [i for i in range(len(totals)) if (ref == k + i).any()]
+    used = np.unique(np.concatenate([ref[ref < k], *[totals[i] for i in used_totals]]))
+    pos = {int(c): q for q, c in enumerate(used.tolist())}
+    pos.update({k + i: used.size + q for q, i in enumerate(used_totals)})
+    inv = np.array([pos[int(c)] for c in ref.tolist()], dtype=np.int64)
+    parts = tuple(tuple(pos[int(c)] for c in totals[i].tolist()) for i in used_totals)
     # clusters by (group, stratum), stable: strata nested in groups, clusters in input order
     key = gcode * (int(scode.max()) + 1) + scode
     X = S0
@@ -425,7 +438,8 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     for g in range(n_groups):
         for c in range(ST.shape[0]):
             total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]])[-1]
-    prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0))
+    prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0),
+                     parts)
     prep.estimate = prep.stats_of(total)
     return prep
 

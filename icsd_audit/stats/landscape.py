@@ -29,7 +29,7 @@ the G x G cell sums and nine floats per action turn for the region bootstrap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -139,7 +139,8 @@ def _edges(values: np.ndarray, counts: np.ndarray | None, grid: int) -> tuple[np
     edges = value_at(first(lambda i: grid * f(i) >= 2 * n * b, b.size))
     top = float(value_at(first(lambda i: f(i).astype(np.float64) / (2 * n) >= REGION_QUANTILE, 1))[0])
     if counts is None:
-        below, equal = np.searchsorted(values, 0, side="left"), np.searchsorted(values, 0, side="right")
+        z0 = values.dtype.type(0)  # (a Python 0 would convert every value to float64 first)
+        below, equal = np.searchsorted(values, z0, side="left"), np.searchsorted(values, z0, side="right")
     else:
         below = int(counts[values < 0].sum())
         equal = int(counts[values == 0].sum()) + below
@@ -177,7 +178,7 @@ class LandscapeRanks:
             if not sel.any():
                 continue
             self._delta.setdefault(key, []).append(d[sel] if not sel.all() else d.copy())
-            self._adv.setdefault(key, []).append(np.unique(a[sel], return_counts=True))
+            self._adv.setdefault(key, []).append(_value_counts(a[sel] if not sel.all() else a))
 
     def finalize(self) -> dict[Any, RankEdges]:
         """Edges per environment (the lists are released as they are used)."""
@@ -197,6 +198,24 @@ class LandscapeRanks:
             out[key] = RankEdges(n=n, delta=de, advantage=ae, delta_top=dtop, advantage_top=atop,
                                  zero_rank={"delta": dzero, "advantage": azero})
         return out
+
+
+def _run_starts(x: np.ndarray) -> np.ndarray | None:
+    """Where the runs of equal values of ``x`` start (an advantage is constant over a turn); None for short runs."""
+    if x.size < 2:
+        return None
+    starts = np.flatnonzero(x[1:] != x[:-1]) + 1
+    return None if 4 * starts.size > x.size else np.concatenate([[0], starts])
+
+
+def _value_counts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_counts=True)`` from one value per run (the same values and counts, a smaller sort)."""
+    starts = _run_starts(a)
+    if starts is None:
+        return np.unique(a, return_counts=True)
+    vals, inv = np.unique(a[starts], return_inverse=True)
+    lengths = np.diff(np.append(starts, a.size))
+    return vals, np.bincount(inv.reshape(-1), weights=lengths, minlength=vals.size).astype(np.int64)
 
 
 def _kernel_matrix(bandwidth: float, grid: int) -> np.ndarray:
@@ -389,7 +408,7 @@ class LandscapeAccumulator:
             if r is None:
                 raise ValueError(f"no rank edges for environment {key!r}: the first pass did not see it")
             dk, ak = d[sel], a[sel]
-            cell[sel] = _bins(r.delta, dk) * G + _bins(r.advantage, ak)
+            cell[sel] = _bins(r.delta, dk) * G + _run_bins(r.advantage, ak)
             top = dk >= r.delta_top
             ts[sel] = top & (ak >= r.advantage_top) & (dk > 0) & (ak > 0)
             to[sel] = top & (dk > 0) & (ak < 0)
@@ -469,7 +488,7 @@ class LandscapeAccumulator:
         """The result from :meth:`grids` and the bootstrap of :meth:`families` (None: no regions)."""
         if raw is not None:
             regions = _regions(raw, self._env_of_turn, self._region_tokens)
-            grids = {key: _with_regions(g, regions.get(key)) for key, g in grids.items()}
+            grids = {key: replace(g, regions=regions[key]) if key in regions else g for key, g in grids.items()}
         smoothing = {"kernel": "gaussian", "bandwidth": float(bandwidth), "units": "scaled mid-rank",
                      "truncate": SMOOTHING_TRUNCATE, "estimator": "Nadaraya-Watson on the grid"}
         return LandscapeResult(self.base_name, self.compare_name, self.grid, grids, smoothing=smoothing)
@@ -498,6 +517,14 @@ def _bins(edges: np.ndarray, x: np.ndarray) -> np.ndarray:
     for e in edges.tolist():
         np.add(out, x >= e, out=out, casting="unsafe")
     return out.astype(np.int64)
+
+
+def _run_bins(edges: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """:func:`_bins` of values that come in runs (an advantage is constant over a turn): once per run, repeated."""
+    starts = _run_starts(x)
+    if starts is None:
+        return _bins(edges, x)
+    return np.repeat(_bins(edges, x[starts]), np.diff(np.append(starts, x.size)))
 
 
 def _sorted_keys(d: Mapping[Any, Any]) -> list[Any]:
@@ -539,12 +566,6 @@ def _regions(raw: RatioBootstrapResult, env_of_turn: np.ndarray, region_tokens: 
                                           token_share=float(est[gi, ts]), base=br[0], compare=br[1], ratio=br[2])
         out[keys[int(gval)]] = regs
     return out
-
-
-def _with_regions(g: LandscapeGrid, regions: Mapping[str, RegionMultiplier] | None) -> LandscapeGrid:
-    from dataclasses import replace
-
-    return replace(g, regions=regions) if regions is not None else g
 
 
 def landscape(

@@ -200,6 +200,36 @@ def test_gathered_parts_agree_with_dense_products(monkeypatch):
     assert np.allclose(dense, got, rtol=1e-12, atol=1e-12 * np.abs(S).sum())
 
 
+def test_a_total_of_parts_is_their_resampled_sums_added():
+    # the share shift's denominator: the total of its bins, from the bins' resampled sums (no product of its own).
+    # Reference: the exact multiplicities (S = identity, the same seed) times the explicit total column.
+    from icsd_audit.stats.bootstrap import RatioFamily, bootstrap_ratio_families
+
+    rng = np.random.default_rng(8)
+    sizes = [700, 500, 900]
+    n = sum(sizes)
+    strata = np.repeat([0, 1, 2], sizes)
+    bins = rng.integers(0, 5, n)
+    S = np.zeros((n, 6))
+    S[np.arange(n), bins] = rng.random(n) * np.exp(rng.standard_normal(n))
+    S[:, 5] = 1.0  # a count column
+    total = S[:, :5].sum(axis=1)
+    # ratios: bin b / total (b = 0..4), total / count; columns 0..5 are S's, column 6 is the total of 0..4
+    fam = RatioFamily(S, [0, 1, 2, 3, 4, 6], [6, 6, 6, 6, 6, 5], strata=strata, totals=[[0, 1, 2, 3, 4]])
+    (got,) = bootstrap_ratio_families([fam], n_resamples=300, rng=6, keep_replicates=True)
+    C = counts_matrix(sizes, 300, seed=6)
+    T, tot = C @ S, C @ total
+    ref = np.concatenate([T[:, :5] / tot[:, None], (tot / T[:, 5])[:, None]], axis=1)
+    assert np.allclose(got.replicates[:, 0, :], ref, rtol=1e-12, atol=0)
+    est = np.concatenate([S[:, :5].sum(axis=0) / total.sum(), [total.sum() / n]])
+    assert np.allclose(got.estimate[0], est, rtol=1e-12, atol=0)
+    for bad in ([[]], [[0, 9]]):
+        with pytest.raises(ValueError, match="each total needs"):
+            bootstrap_ratio_families([RatioFamily(S, [0], [5], totals=bad)], n_resamples=16)
+    with pytest.raises(ValueError, match="column indices must lie in 0..6"):
+        bootstrap_ratio_families([RatioFamily(S, [7], [5], totals=[[0, 1]])], n_resamples=16)
+
+
 def test_zero_clusters_keep_chunk_invariance():
     rng = np.random.default_rng(7)
     num = rng.random((2000, 2)) * (rng.random((2000, 1)) < 0.7)  # 30% of turns carry nothing
