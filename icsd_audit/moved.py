@@ -48,6 +48,7 @@ MOVED: dict[str, str] = {
     "icsd_audit.dumps.settings": "icsd_audit.audit.settings",
     "icsd_audit.dumps.coeffs": "icsd_audit.audit.coeffs",
     "icsd_audit.dumps.verify": "icsd_audit.audit.verify",
+    "icsd_audit.stats.blas": "icsd_audit.stats.forked",
 }
 
 

@@ -178,7 +178,7 @@ class RayUnits:
 
 def _run_unit(engine: Any, unit: int) -> Any:
     """One work unit's resampled sums, OpenBLAS on one thread as in the driver's own pool."""
-    from icsd_audit.stats.blas import BlasThreads
+    from icsd_audit.stats.forked import BlasThreads
 
     with BlasThreads(1):
         return engine.block(unit)

@@ -6,9 +6,10 @@ and the landscape, with action-turn bootstrap intervals.
   set of resamples for every statistic;
 - :mod:`~icsd_audit.stats.turns` -- per-turn sufficient statistics;
 - :mod:`~icsd_audit.stats.bootstrap` and :mod:`~icsd_audit.stats.resample` -- the bootstrap
-  engine (:mod:`~icsd_audit.stats.blas` pins BLAS threads);
+  engine (:mod:`~icsd_audit.stats.forked`: its worker processes, and BLAS threads pinned);
 - :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
 - :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
+- :mod:`~icsd_audit.stats.signs` -- the share of mass by the sign of delta (needs no advantage);
 - :mod:`~icsd_audit.stats.strata` -- token strata by a per-token covariate (SPEC 11), results
   in :mod:`~icsd_audit.stats.results`.
 

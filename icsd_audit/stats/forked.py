@@ -12,6 +12,9 @@ lock), as the parent does, so a slower core simply takes fewer blocks.  A child 
 same inputs as in the parent, so the same bits) and streams ``(b, bytes)`` back
 through its pipe; the parent hands out the blocks in order, whoever computed them.
 A child touches nothing else and leaves with ``os._exit``.
+
+:class:`BlasThreads` pins OpenBLAS's thread count around the blocks' many thin products (a no-op where NumPy's
+OpenBLAS cannot be found; numpy + ctypes).
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import signal
 import struct
 import sys
 import warnings
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["fork_available", "ForkedBlocks"]
+__all__ = ["fork_available", "ForkedBlocks", "BlasThreads"]
 
 _HEADER = struct.Struct("<qq")  # block number, payload bytes
 _RECORD = struct.Struct("<q")  # one block number in the work queue
@@ -173,3 +176,61 @@ class ForkedBlocks:
                 self._receive(None)
             missing = [b for b in missing if b not in self.ready]
         return [self.ready.pop(b) for b in blocks]
+
+
+class BlasThreads:
+    """Pin OpenBLAS (as loaded by NumPy) to a number of threads, restoring it after.
+
+    The resampled sums are many thin products (16 x n) @ (n x K); multi-threaded
+    OpenBLAS spends more on synchronisation than on them (and collapses on a busy
+    machine), while one thread runs them at memory speed.  A no-op where the
+    library cannot be found.
+    """
+
+    _lib: Any = None
+    _looked = False
+
+    @classmethod
+    def _find(cls) -> Any:
+        if not cls._looked:
+            cls._looked = True
+            try:
+                import ctypes
+                import glob
+                import os
+
+                base = os.path.dirname(np.__file__)
+                cands = []
+                for d in (os.path.join(base, os.pardir, "numpy.libs"), os.path.join(base, ".dylibs"), base):
+                    cands += glob.glob(os.path.join(d, "*openblas*"))
+                for path in cands:
+                    lib = ctypes.CDLL(path)
+                    for suffix in ("scipy_openblas_{}_num_threads64_", "openblas_{}_num_threads64_", "openblas_{}_num_threads"):
+                        get, set_ = suffix.format("get"), suffix.format("set")
+                        if hasattr(lib, get) and hasattr(lib, set_):
+                            getf, setf = getattr(lib, get), getattr(lib, set_)
+                            getf.restype = ctypes.c_int
+                            cls._lib = (getf, setf)
+                            return cls._lib
+            except Exception:  # pragma: no cover - platform dependent
+                cls._lib = None
+        return cls._lib
+
+    def __init__(self, n: int = 1):
+        self.n = n
+        self.saved: int | None = None
+
+    def __enter__(self) -> "BlasThreads":
+        lib = self._find()
+        if lib is not None:
+            try:
+                self.saved = int(lib[0]())
+                lib[1](self.n)
+            except Exception:  # pragma: no cover
+                self.saved = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        lib = self._find()
+        if lib is not None and self.saved is not None:
+            lib[1](self.saved)

@@ -55,9 +55,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from icsd_audit.stats.blas import BlasThreads
 from icsd_audit.stats.counts import BLOCK, TUPLE, Layout, block_counts, block_generator
-from icsd_audit.stats.forked import ForkedBlocks, fork_available
+from icsd_audit.stats.forked import BlasThreads, ForkedBlocks, fork_available
 
 __all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
            "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner"]
