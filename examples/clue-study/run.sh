@@ -9,9 +9,9 @@
 # `icsd compare` scores the shipped runs per clue accuracy: held-out success and the logged TCM by allocator.
 # ICSD (default: icsd) is the command run, e.g. ICSD="python -m icsd_audit.cli" with PYTHONPATH naming a frozen copy
 # of the package, so that editing the working tree does not change a study under way.
-# Usage: examples/clue-study/run.sh OUT_DIR [SHIP_DIR] [STEPS] [SEEDS] [ACCURACIES] [JOBS]
+# Usage: examples/clue-study/run.sh OUT_DIR [SHIP_DIR] [STEPS] [SEEDS] [ACCURACIES] [ALLOCATORS] [JOBS]
 #        (defaults: SHIP_DIR examples/clue-study/runs, 200 steps, seeds "0 1 2 3 4 5 6 7 8 9",
-#         accuracies "1.0 0.4 0.7" in that order, 2 jobs)
+#         accuracies "1.0 0.4 0.7" and allocators "sdar icsd none opsd", in that order, 2 jobs)
 # A run that finished is skipped, so the script resumes a study that was stopped.
 set -euo pipefail
 icsd=${ICSD:-icsd}
@@ -21,13 +21,14 @@ ship=${2:-$here/runs}
 steps=${3:-200}
 seeds=${4:-0 1 2 3 4 5 6 7 8 9}
 accs=${5:-1.0 0.4 0.7}
-jobs=${6:-2}
+allocs=${6:-sdar icsd none opsd}
+jobs=${7:-2}
 mkdir -p "$out"
 start=$(date +%s)
 uptime > "$out/load-start.txt"
 for seed in $seeds; do
   for acc in $accs; do
-    for alloc in none opsd sdar icsd; do
+    for alloc in $allocs; do
       echo "$acc $alloc $seed"
     done
   done
@@ -45,11 +46,13 @@ uptime > "$out/load-end.txt"
 python "$here/ship.py" "$out" "$ship"
 for acc in $accs; do
   d="$ship/acc$acc"
+  [ -d "$d" ] || continue
   $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none | tee "$d/compare-success.txt"
   $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none --json > "$d/compare-success.json"
   # TCM: the mean of each run's logged step TCM over its last 50 updates (steps without an active token log none)
-  $icsd compare "$d"/{opsd,sdar,icsd}-seed*/ --metric alloc/tcm --last 50 --baseline sdar | tee "$d/compare-tcm.txt"
-  $icsd compare "$d"/{opsd,sdar,icsd}-seed*/ --metric alloc/tcm --last 50 --baseline sdar --json > "$d/compare-tcm.json"
+  # (runs without distillation log no TCM: compare names them as left out)
+  $icsd compare "$d"/*-seed*/ --metric alloc/tcm --last 50 --baseline sdar | tee "$d/compare-tcm.txt"
+  $icsd compare "$d"/*-seed*/ --metric alloc/tcm --last 50 --baseline sdar --json > "$d/compare-tcm.json"
   $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none --curves eval/success,alloc/tcm,alloc/tcm_trust \
     --out "$d/compare" > /dev/null
 done
