@@ -47,13 +47,13 @@ python "$here/ship.py" "$out" "$ship"
 for acc in $accs; do
   d="$ship/acc$acc"
   [ -d "$d" ] || continue
-  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none | tee "$d/compare-success.txt"
-  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none --json > "$d/compare-success.json"
+  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline sdar | tee "$d/compare-success.txt"
+  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline sdar --json > "$d/compare-success.json"
   # TCM: the mean of each run's logged step TCM over its last 50 updates (steps without an active token log none)
   # (runs without distillation log no TCM: compare names them as left out)
   $icsd compare "$d"/*-seed*/ --metric alloc/tcm --last 50 --baseline sdar | tee "$d/compare-tcm.txt"
   $icsd compare "$d"/*-seed*/ --metric alloc/tcm --last 50 --baseline sdar --json > "$d/compare-tcm.json"
-  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline none --curves eval/success,alloc/tcm,alloc/tcm_trust \
+  $icsd compare "$d"/*-seed*/ --metric eval/success --baseline sdar --curves eval/success,alloc/tcm,alloc/tcm_trust \
     --out "$d/compare" > /dev/null
 done
 for acc in 0.4 1.0; do
