@@ -56,6 +56,12 @@ for acc in $accs; do
   $icsd compare "$d"/*-seed*/ --metric eval/success --baseline sdar --curves eval/success,alloc/tcm,alloc/tcm_trust \
     --out "$d/compare" > /dev/null
 done
+# the audited SDAR runs: all 20 dumped updates (0, 10, ..., 190), and the first five (0 to 40), while RL has not
+# yet worn away the teacher's reading of the clue; their dumps are shipped too
 for acc in 0.4 1.0; do
-  [ -d "$out/acc$acc/sdar-seed0/dumps" ] && $icsd audit report "$out/acc$acc/sdar-seed0/dumps" --out "$ship/audit-sdar-acc$acc"
+  d="$out/acc$acc/sdar-seed0/dumps"
+  [ -d "$d" ] || continue
+  $icsd audit report "$d" --out "$ship/audit-sdar-acc$acc"
+  $icsd audit report "$d"/step0000{00,10,20,30,40} --out "$ship/audit-sdar-acc$acc-first41"
+  cp -r "$d" "$ship/acc$acc/sdar-seed0/dumps"
 done
