@@ -61,7 +61,7 @@ done
 for acc in 0.4 1.0; do
   d="$out/acc$acc/sdar-seed0/dumps"
   [ -d "$d" ] || continue
-  $icsd audit report "$d" --out "$ship/audit-sdar-acc$acc"
-  $icsd audit report "$d"/step0000{00,10,20,30,40} --out "$ship/audit-sdar-acc$acc-first41"
+  $icsd audit report "$d" --out "$(dirname "$ship")/audit-sdar-acc$acc"
+  $icsd audit report "$d"/step0000{00,10,20,30,40} --out "$(dirname "$ship")/audit-sdar-acc$acc-first41"
   cp -r "$d" "$ship/acc$acc/sdar-seed0/dumps"
 done
