@@ -43,6 +43,7 @@ BOOKKEEPING_FIELDS = frozenset({
     "out_dir", "seed", "alloc_seed", "sketch_seed", "threads", "device", "total_steps", "eval_every",
     "checkpoint_every", "keep_checkpoints", "checkpoint_optimizer", "dump_every", "sketch_k", "sketch_layers",
     "micro_batch_rows", "rollout_batch_rows", "resident_reference", "spill_optimizer_state", "recompute_activations",
+    "trim_memory",
     "report_to",
 })
 #: env -> (metric whose strata are subsets, the prefix of its per-subset keys).

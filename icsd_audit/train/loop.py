@@ -112,9 +112,9 @@ class TrainResult:
 class _Phases:
     """Wall-clock per named phase of one step; tells the reporter which phase runs."""
 
-    def __init__(self, reporter: Reporter, step: int):
+    def __init__(self, reporter: Reporter, step: int, *, trim: bool = True):
         self.t: dict[str, float] = {}
-        self.reporter, self.step = reporter, step
+        self.reporter, self.step, self.trim = reporter, step, trim
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -123,7 +123,8 @@ class _Phases:
         try:
             yield
         finally:
-            release_freed_memory()  # the next phase starts from what is live, not this one's high-water mark
+            if self.trim:
+                release_freed_memory()  # the next phase starts from what is live, not this one's high-water mark
             self.t[name] = self.t.get(name, 0.0) + time.perf_counter() - t0
             self.reporter.phase_done(self.step, name, self.t[name])
 
@@ -198,7 +199,8 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
     # why this many threads, read when they are chosen (the log line waits for the model's)
     threads = choose_threads(cfg.threads)
     set_threads(threads.n)
-    map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
+    if cfg.trim_memory:
+        map_large_allocations(HEAP_LIMIT)  # heap below 32 MB; the actor's gradient pass maps 1 MB blocks (see .memory)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
 
@@ -252,6 +254,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
                   pad_id=pad_id, device=device, precision=precision, sketcher=sketcher,
                   alloc_scope=cfg.alloc_scope, teacher_rescore=cfg.teacher_rescore, pg_coef=cfg.pg_coef,
                   recompute_activations=cfg.recompute_activations, spill=spill, hybrid=hybrid,
+                  trim_memory=cfg.trim_memory,
                   lr_schedule=lambda s: warmup_lr(s, lr=cfg.lr, total_steps=cfg.total_steps, ratio=cfg.lr_warmup_steps_ratio))
     old_logp_pass = actor.recompute_old_logp if cfg.recompute_old_logp else _rollout_old_logp
 
@@ -285,7 +288,7 @@ def _train(cfg: TrainConfig, plan: Plan, *, reporter: Reporter, env_factory: Env
         staged = writer.step(step) if (writer is not None and step % cfg.dump_every == 0) else None
         try:
             t_step = time.perf_counter()
-            phase = _Phases(reporter, step)
+            phase = _Phases(reporter, step, trim=cfg.trim_memory)
             seed_step(cfg.seed, step)
             tasks = draw_tasks(cfg.seed, step, num_tasks, cfg.n_tasks)
 

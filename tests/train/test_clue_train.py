@@ -87,3 +87,31 @@ def test_a_short_grpo_run_from_random_init_raises_success(tmp_path):
     inval = [r["rollout/invalid_rate"] for r in recs]
     assert first <= 0.1 and last >= first + 0.15, [r["rollout/success"] for r in recs]
     assert inval[-1] < inval[0] - 0.3, inval
+
+
+def test_the_tiny_word_model_reads_the_teachers_clue_and_nothing_else():
+    """--model tiny-word: after its lesson the teacher's box follows the clue; the student's is near uniform, and
+    the reply's first word is as likely to be 'open' as under the random model (the format is not taught)."""
+    import torch
+
+    from icsd_audit.train.models.tiny_word import clue_reading, tiny_word_causal_lm
+    from icsd_audit.train.rollout.prompts import skill_block
+
+    model, tok = clue_reading(seed=0)
+    random_model, _ = tiny_word_causal_lm(seed=0)
+    boxes = [tok.convert_tokens_to_ids(str(k)) for k in range(1, 9)]
+    open_id = tok.convert_tokens_to_ids("open")
+
+    def next_word(m, text):
+        ids = torch.tensor([TOK(text, add_special_tokens=False).input_ids])
+        with torch.no_grad():
+            return m(input_ids=ids).logits[0, -1].softmax(-1)
+
+    for student in ("boxes 1 to 8 . start 1 to 8 >", "boxes 1 to 8 . open 4 right 5 to 8 . >"):
+        for clue in range(1, 9):
+            p = next_word(model, skill_block(f"clue key in box {clue}") + student + " open")[boxes]
+            assert int(p.argmax()) + 1 == clue and float(p.max()) > 0.9, (student, clue, p)
+        alone = next_word(model, student + " open")[boxes]
+        assert float(alone.max()) < 0.3 and float(alone.min()) > 0.05, alone  # uniform would be 0.125 each
+        before, after = float(next_word(random_model, student)[open_id]), float(next_word(model, student)[open_id])
+        assert 0.5 < after / before < 2.0, (before, after)

@@ -124,9 +124,11 @@ def test_one_step_on_builtin_webshop(tmp_path, bank):
     assert len(recs) == 1 and recs[0]["step"] == 0
     r = recs[0]
     for key in ("rollout/success", "rollout/score", "rollout/reward", "actor/kl", "actor/clip_frac", "actor/aux_loss",
-                "alloc/fallback_share", "alloc/tcm", "time/rollout", "time/teacher", "time/reference", "time/actor",
-                "time/allocation", "time/dump"):
+                "alloc/fallback_share", "alloc/tcm_active_tokens", "time/rollout", "time/teacher", "time/reference",
+                "time/actor", "time/allocation", "time/dump"):
         assert key in r, key
+    # the step's TCM is logged where it is defined: some token with delta > 0 and |u| > eps
+    assert ("alloc/tcm" in r) == (r["alloc/tcm_active_tokens"] > 0)
     assert r["rollout/rows"] == 2 * 2 * 2  # nothing ends early: the tiny model never buys
     reader = DumpReader([res.dumps_dir], columns=None)
     assert reader.batch_ids == [0, 1]

@@ -235,6 +235,8 @@ class TrainConfig:
     """Activation checkpointing in the actor's gradient pass: decoder blocks are recomputed in the backward instead of stored (same numbers bit for bit; most of the actor's activation memory saved for one more forward of the blocks)."""
     spill_optimizer_state: bool | None = None
     """Keep AdamW's moments (twice the weights) in an unlinked temporary file in the run folder between optimizer steps, read back for each step (same numbers bit for bit; one read and write of the moments per step); None: on CPU only."""
+    trim_memory: bool = True
+    """Hand freed heap memory back to the OS after each phase of a step and serve the gradient pass's blocks of 1 MB and more by their own mmaps (same numbers bit for bit; keeps a 135M model's peak memory down, while a tiny model pays the system calls and page faults for nothing)."""
     resident_reference: bool | None = None
     """Keep the frozen reference policy in memory all run (True) or load it for each reference pass and free it after (False: one model's worth of memory less, about a second per step on the 135M model); None: resident on GPU only."""
 

@@ -119,6 +119,8 @@ def _cpu_demo_clue() -> TrainConfig:
         rollout_batch_rows=64, mini_batch_rows=64, micro_batch_rows=64,
         lr=1e-3, kl_coef=0.0, total_steps=200, dump_every=1, checkpoint_every=0, keep_checkpoints=1,
         eval_every=20, eval_tasks=100, eval_temperature=0.0, sketch_k=0, recompute_activations=False,
+        # 280k parameters: AdamW's moments stay in memory and no freed memory is handed back (same numbers)
+        spill_optimizer_state=False, trim_memory=False,
     )
 
 

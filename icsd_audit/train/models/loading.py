@@ -568,9 +568,9 @@ def load_policy(model: str, *, device: torch.device, seed: int = 0,
         m, tok = tiny_random_causal_lm(seed=seed)
         m = m.to(device)
     elif model == "tiny-word":
-        from icsd_audit.train.models.tiny_word import tiny_word_causal_lm
+        from icsd_audit.train.models.tiny_word import clue_reading
 
-        m, tok = tiny_word_causal_lm(seed=seed)
+        m, tok = clue_reading(seed=seed)  # random init, then the lesson in reading the teacher's clue
         m = m.to(device)
     else:
         lm = load_model(model, dtype="float32", device=device, trust_remote_code=trust_remote_code)

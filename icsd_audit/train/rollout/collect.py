@@ -118,6 +118,11 @@ ONE_SHOT: dict[str, tuple[TurnContext, str]] = {
 }
 
 
+#: Distinct prompts a :class:`PromptBuilder` keeps rendered and tokenized (a bound on its memory: at most a few
+#: MB of text for the long WebShop prompts, which rarely repeat).
+PROMPT_CACHE = 1024
+
+
 class PromptBuilder:
     """Student and teacher prompt token ids for one turn, with the run's prompt options."""
 
@@ -145,6 +150,10 @@ class PromptBuilder:
             self._prefix += [*student_messages(ex_ctx, history_window=history_window),
                              {"role": "assistant", "content": ex_reply}]
         self._skill_ids: dict[str, list[int]] = {}
+        # rendered prompt text and its ids by content: an environment with few distinct prompts (the clue
+        # testbed's few hundred) renders and tokenizes each once; a full cache stops growing, never evicts
+        self._rendered: dict[tuple[tuple[str, str], ...], str] = {}
+        self._encoded: dict[str, tuple[int, ...]] = {}
 
     @classmethod
     def from_config(cls, tokenizer: Any, cfg: Any, *,
@@ -156,7 +165,12 @@ class PromptBuilder:
                    chat_kwargs=cfg.chat_kwargs)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False).input_ids)
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tok(text, add_special_tokens=False).input_ids)
+            if len(self._encoded) < PROMPT_CACHE:
+                self._encoded[text] = ids
+        return list(ids)
 
     def _truncate(self, ids: list[int], limit: int) -> tuple[list[int], bool]:
         return (ids[-limit:], True) if len(ids) > limit else (ids, False)
@@ -166,7 +180,12 @@ class PromptBuilder:
         then, for a growing context, every reply and observation so far (Search-R1
         concatenates the ids of separately tokenized pieces)."""
         msgs = [*self._prefix, *build_messages(ctx, history_window=self.history_window, skill_text=skill_text)]
-        first = chat_prompt(self.tok, msgs, **self.chat_kwargs)
+        key = tuple((m["role"], m["content"]) for m in msgs)
+        first = self._rendered.get(key)
+        if first is None:
+            first = chat_prompt(self.tok, msgs, **self.chat_kwargs)
+            if len(self._rendered) < PROMPT_CACHE:
+                self._rendered[key] = first
         return [first, *growing_pieces(ctx)] if is_growing(ctx) else [first]
 
     def student_text(self, ctx: TurnContext) -> str:

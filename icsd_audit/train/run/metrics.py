@@ -108,6 +108,12 @@ def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = DEFAULTS.eps) -> dic
     (``icsd audit tcm|quadrants`` add bootstrap intervals); computed by
     :func:`icsd_audit.stats.api.tcm` and :func:`~icsd_audit.stats.api.quadrants` with one
     resample, so the definitions live in one place.
+
+    The arrays pool every mini-batch of the step. A step without an active token (none with
+    delta > 0 and |u| > eps: all advantages 0, or a policy so sure of its tokens that student and
+    teacher log-probs are both 0 in float32) has no TCM (0 / 0): ``tcm`` and ``tcm_trust`` are then
+    left out, with ``tcm_active_tokens`` 0, rather than logged as NaN (JSON null), so that a
+    window of steps (``icsd compare --last K``) averages the steps that have one.
     """
     if not arrays or arrays.get("c") is None or np.asarray(arrays["c"]).size == 0:
         return {}
@@ -125,7 +131,8 @@ def step_tcm(arrays: Mapping[str, np.ndarray], eps: float = DEFAULTS.eps) -> dic
         out.update({"tcm": float(res.compare.estimate), "tcm_trust": float(res.base.estimate),
                     "tcm_active_tokens": float(res.n_active_tokens)})
     except ValueError:
-        out.update({"tcm": float("nan"), "tcm_trust": float("nan"), "tcm_active_tokens": 0.0})
+        out["tcm_active_tokens"] = 0.0
+    out = {k: v for k, v in out.items() if k == "tcm_active_tokens" or np.isfinite(v)}
     try:
         q = quadrants(tokens, weights, n_resamples=1, rng=0)
     except ValueError:

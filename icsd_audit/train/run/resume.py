@@ -38,6 +38,7 @@ MAY_CHANGE_ON_RESUME = {
     "recompute_activations": "activation checkpointing (same numbers bit for bit)",
     "spill_optimizer_state": "AdamW's moments kept on disk between steps (same numbers bit for bit)",
     "resident_reference": "the KL reference kept in memory or reloaded per pass (same numbers)",
+    "trim_memory": "freed memory handed back to the OS after each phase (same numbers bit for bit)",
 }
 
 

@@ -221,7 +221,7 @@ class Actor:
                  sketcher: GradientSketcher | None = None, alloc_scope: str = "mini-batch",
                  teacher_rescore: bool = False, pg_coef: float = 1.0, recompute_activations: bool = True,
                  spill: OptimizerSpill | None = None, hybrid: Hybrid | None = None,
-                 lr_schedule: Callable[[int], float] | None = None):
+                 lr_schedule: Callable[[int], float] | None = None, trim_memory: bool = True):
         if alloc_scope not in ALLOC_SCOPES:
             raise ValueError(f"alloc_scope={alloc_scope!r}: choose one of {list(ALLOC_SCOPES)}")
         self.alloc_scope, self.teacher_rescore, self.pg_coef = alloc_scope, teacher_rescore, float(pg_coef)
@@ -233,6 +233,7 @@ class Actor:
         # optimizer state on disk between steps (None: always in memory)
         self.spill = spill if spill is not None else OptimizerSpill(optimizer, enabled=False)
         self.recompute_activations = recompute_activations  # activation checkpointing (:mod:`.memory`)
+        self.trim_memory = trim_memory  # the gradient pass's large blocks in their own mmaps (:mod:`.memory`)
         self.sketcher = sketcher  # per-token gradient sketches of dumped mini-batches (None: off)
         self.clip_ratio, self.dual_clip, self.kl_coef = clip_ratio, dual_clip, kl_coef
         self.temperature = temperature
@@ -406,7 +407,8 @@ class Actor:
             delta = torch.zeros_like(old)
 
         # ---- gradient micro-batches (in micro-batch scope each one allocates from its own forward)
-        with mapped_large_allocations():  # activations in their own mmaps: no heap fragmentation
+        # activations in their own mmaps: no heap fragmentation
+        with mapped_large_allocations() if self.trim_memory else nullcontext():
             t0 = time.perf_counter()
             self.model.train(False)  # no dropout: the pre-pass and the gradient pass see the same function
             self.opt.zero_grad(set_to_none=True)
