@@ -40,6 +40,9 @@ __all__ = [
     "parse_action",
     "well_formed",
     "step_info",
+    "HistoryEntry",
+    "SKILL_HEADER",
+    "skill_block",
 ]
 
 
@@ -196,3 +199,22 @@ def step_info(*, won: bool, score: float, valid_action: bool, **extra: Any) -> d
     info: dict[str, Any] = {"won": bool(won), "score": float(score), "valid_action": bool(valid_action)}
     info.update(extra)
     return info
+
+
+#: SDAR's header for the privileged block.
+SKILL_HEADER = "[Privileged Skill Information]"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One past step: the observation the agent saw, the action it took and (for a growing
+    context) its reply as the context keeps it."""
+
+    observation: str
+    action: str
+    reply: str = ""
+
+
+def skill_block(skill_text: str) -> str:
+    """SDAR's privileged block: header, the skill text, then a blank line."""
+    return f"{SKILL_HEADER}\n{skill_text}\n\n"

@@ -104,7 +104,7 @@ def learn_to_read_the_clue(model: Any, tok: Any, *, seed: int = 0, steps: int = 
     from icsd_audit.envs.clue import ClueEnv
     from icsd_audit.envs.clue.prompt import clue_prompt
     from icsd_audit.envs.clue.vocab import OPEN
-    from icsd_audit.train.rollout.prompts import HistoryEntry, skill_block
+    from icsd_audit.envs.base import HistoryEntry, skill_block
 
     rng = random.Random(seed)
     vocab = tok.get_vocab()

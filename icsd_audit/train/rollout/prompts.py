@@ -32,6 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# defined in the env layer, so the tiny word model's lesson (train/models, below rollout/) builds the same prompts
+from icsd_audit.envs.base import SKILL_HEADER, HistoryEntry, skill_block
+
 __all__ = [
     "ENV_INTROS",
     "HistoryEntry",
@@ -51,8 +54,6 @@ __all__ = [
     "skill_block",
 ]
 
-#: SDAR's header for the privileged block.
-SKILL_HEADER = "[Privileged Skill Information]"
 
 #: One line describing the agent's role, per environment; unknown names get a generic one.
 ENV_INTROS: dict[str, str] = {
@@ -110,16 +111,6 @@ After completing your reasoning, choose only one of the following actions (do no
 (1) If you find you lack some knowledge, you can call a search engine to get more external information using format: <search> your query </search>.
 (2) If you have enough knowledge to answer the question confidently, provide your final answer within <answer> </answer> tags, without detailed illustrations. For example, <answer>Beijing</answer>.
 """
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    """One past step: the observation the agent saw, the action it took and (for a growing
-    context) its reply as the context keeps it."""
-
-    observation: str
-    action: str
-    reply: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,9 +245,6 @@ def _user_content(ctx: TurnContext, history_window: int) -> str:
     return "\n".join(parts)
 
 
-def skill_block(skill_text: str) -> str:
-    """SDAR's privileged block: header, the skill text, then a blank line."""
-    return f"{SKILL_HEADER}\n{skill_text}\n\n"
 
 
 def build_messages(
