@@ -75,7 +75,8 @@ def test_store_equals_metrics_jsonl_with_a_live_allocation(tiny_runs, tracker, m
 
 def test_cli_report_to_every_installed_tracker(tmp_path, monkeypatch):
     """`icsd train --model tiny-random --steps 2 --report-to ... --out D` (the issue's command): the stores equal
-    metrics.jsonl, alloc/tcm included (NaN here: the untrained tiny model's turns are all invalid)."""
+    metrics.jsonl, key for key (the untrained tiny model's turns are all invalid, so no token is active: the steps log
+    alloc/tcm_active_tokens 0 and leave alloc/tcm out, and no store may hold one)."""
     names = installed_trackers()
     if not names:
         pytest.skip("no tracker installed: pip install -e '.[trackers]'")
@@ -86,7 +87,8 @@ def test_cli_report_to_every_installed_tracker(tmp_path, monkeypatch):
     assert res.returncode == 0, res.stderr[-4000:]
     assert res.stdout == ""  # trackers announce themselves on stderr, never on stdout
     want = jsonl_scalars(out)
-    assert "alloc/tcm" in want and len(want["rollout/success"]) == 2
+    assert len(want["rollout/success"]) == 2
+    assert "alloc/tcm" not in want and set(want["alloc/tcm_active_tokens"].values()) == {0.0}
     for tracker in names:
         assert_same(read_back(tracker, out, tmp_path, monkeypatch), want, tracker)
     manifest = json.loads((out / "run.json").read_text())
