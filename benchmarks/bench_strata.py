@@ -24,21 +24,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-_WRAP = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, "
-         "stderr=subprocess.DEVNULL); r = resource.getrusage(resource.RUSAGE_CHILDREN); "
-         "print(r.ru_maxrss, r.ru_utime + r.ru_stime)")
-
-
-def run(cmd: list[str]) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds and peak RSS (MiB) of one child, measured by a wrapper of its own."""
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _WRAP, *cmd], check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    rss, cpu = out.stdout.strip().splitlines()[-1].split()
-    return wall, float(cpu), int(rss) / 1024
+from childrun import measure as run  # wall, CPU and peak RSS of one command
 
 
 def main() -> None:
