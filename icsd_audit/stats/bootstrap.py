@@ -42,6 +42,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from icsd_audit.stats.budget import check_families
+from icsd_audit.stats.segments import SegmentedFamily
 from icsd_audit.stats.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
@@ -338,6 +339,10 @@ class RatioFamily:
     label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
     of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
     point and resampled sums are its parts' added in order, with no product of its own.
+    ``column_groups`` (lists of columns of ``sums`` sharing their nonzero clusters, e.g. a bin's) and
+    ``tied`` (pairs (numerator, denominator) of one group, the numerator on most clusters 0 or equal
+    to the denominator): given either, a one-group family is multiplied by sorted tiles
+    (:class:`~icsd_audit.stats.segments.SegmentedFamily`): the same products added in another order.
     """
 
     sums: Any
@@ -348,6 +353,8 @@ class RatioFamily:
     differences: Sequence[tuple[int, int]] = ()
     names: Sequence[str] | None = None
     totals: Sequence[Sequence[int]] = ()
+    column_groups: Sequence[Sequence[int]] = ()
+    tied: Sequence[tuple[int, int]] = ()
 
 
 @dataclass
@@ -365,6 +372,7 @@ class _Prepared:
     gvalues: tuple[Any, ...]
     estimate: np.ndarray
     totals: tuple[tuple[int, ...], ...] = ()  # positions in ST of each total's parts
+    segments: tuple[list[list[int]], list[tuple[int, int]]] | None = None  # column groups and tied pairs, in ST
 
     def with_totals(self, T: np.ndarray) -> np.ndarray:
         """T's columns, then each total: its parts' sums added in order."""
@@ -441,6 +449,13 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0),
                      parts)
     prep.estimate = prep.stats_of(total)
+    if (fam.column_groups or fam.tied) and n_groups == 1:
+        grouped = [[pos[int(c)] for c in g if int(c) in pos and int(c) < k] for g in fam.column_groups]
+        seen = {c for g in grouped for c in g}
+        groups = [g for g in grouped if g] + [[c] for c in range(used.size) if c not in seen]
+        tied = [(pos[int(a)], pos[int(b)]) for a, b in fam.tied if int(a) < k and int(b) < k and int(a) in pos
+                and int(b) in pos]
+        prep.segments = (groups, tied)
     return prep
 
 
@@ -481,7 +496,8 @@ def bootstrap_ratio_families(
             layouts.setdefault(p.sizes.tobytes(), []).append(i)
         for idx in layouts.values():
             lay = Layout(preps[idx[0]].sizes)
-            fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) for i in idx]
+            fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) if preps[i].segments is None
+                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay) for i in idx]
             for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):
                 for i, T in zip(idx, Ts):
                     reps[i][r0:r1] = preps[i].stats_of(T)
