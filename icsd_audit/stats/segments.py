@@ -42,8 +42,10 @@ TILE = 2048
 #: rows per product: (12 x 1,024) @ (1,024 x 64) runs at about 27 G multiply-adds per second on one core here
 #: (OpenBLAS's small-matrix kernel; a multiple of its 6-row step), 5 or 10 rows at 14-20, 45 rows at 10-13
 PANEL_ROWS = 12
-#: cluster classes inside a tile, in sorted order: tied numerators all 0, all equal to their denominators, mixed
-_ZERO, _EQUAL, _MIXED = 0, 1, 2
+#: cluster classes inside a tile, in sorted order: no tied pair nonzero; numerators all 0 (denominators not);
+#: numerators all equal to their denominators; mixed
+_NONE, _ZERO, _EQUAL, _MIXED = 0, 1, 2, 3
+_CLASSES = 4
 
 
 class SegmentedFamily:
@@ -77,73 +79,80 @@ class SegmentedFamily:
         if any(group_of[a] != group_of[b] or a == b for a, b in tied) or len({a for a, _ in tied}) != len(tied) \
                 or {a for a, _ in tied} & {b for _, b in tied}:
             raise ValueError("tied pairs must be (numerator, denominator) of one group, each numerator once")
-        num_set = {a for a, _ in tied}
+        num_set, den_set = {a for a, _ in tied}, {b for _, b in tied}
         den_of = dict(tied)
-        # rows: every group's other columns, group after group (a run of groups is a run of rows); then the
-        # numerators, group after group
-        self.main = [c for g in groups for c in g if c not in num_set]
-        self.nums = [c for g in groups for c in g if c in num_set]
+        # rows of the sorted sums: every group's plain columns (neither numerator nor denominator of a pair), group
+        # after group (a run of groups is a run of rows); then the denominators, group after group; the
+        # numerators apart (multiplied on mixed clusters only)
+        kinds = [[c for c in g if c not in num_set and c not in den_set] for g in groups], \
+            [[c for c in g if c in den_set] for g in groups], [[c for c in g if c in num_set] for g in groups]
+        self.main = [c for g in kinds[0] for c in g] + [c for g in kinds[1] for c in g]
+        self.nums = [c for g in kinds[2] for c in g]
         row_of = {c: r for r, c in enumerate(self.main)}
         self.den_rows = np.array([row_of[den_of[a]] for a in self.nums], dtype=np.int64)
-        m = len(groups)
-        mcut = np.cumsum([0] + [sum(c not in num_set for c in g) for g in groups])
-        ncut = np.cumsum([0] + [sum(c in num_set for c in g) for g in groups])
+        cuts = [np.cumsum([0] + [len(g) for g in kind]) for kind in kinds]
+        offsets = (0, int(cuts[0][-1]), 0)  # first row of each kind in its array (S, S, Snum)
 
-        # each cluster's class, and its groups' supports
+        # each cluster's class, and each group's support per kind of column
+        m = len(groups)
+        nzk = np.zeros((3, m, n), dtype=bool)
+        for j, kind in enumerate(kinds):
+            for i, g in enumerate(kind):
+                for c in g:
+                    nzk[j, i] |= ST[c] != 0
         if tied:
             A, B = ST[[a for a, _ in tied]], ST[[b for _, b in tied]]
-            zero, equal = ~(A != 0).any(axis=0), (A == B).all(axis=0)
-            cls = np.where(zero, _ZERO, np.where(equal, _EQUAL, _MIXED)).astype(np.int64)
+            zero, equal = ~nzk[2].any(axis=0), (A == B).all(axis=0)
+            cls = np.where(zero, np.where(nzk[1].any(axis=0), _ZERO, _NONE), np.where(equal, _EQUAL, _MIXED))
             del A, B
         else:
-            cls = np.zeros(n, dtype=np.int64)
-        nz = np.zeros((m, n), dtype=bool)
-        for i, g in enumerate(groups):
-            for c in g:
-                nz[i] |= ST[c] != 0
-        top = np.where(nz.any(axis=0), m - 1 - np.argmax(nz[::-1], axis=0), -1)
+            cls = np.full(n, _NONE)
+        anyg = nzk.any(axis=0)
+        top = np.where(anyg.any(axis=0), m - 1 - np.argmax(anyg[::-1], axis=0), -1)
+        del anyg
         tile = np.arange(n, dtype=np.int64) // TILE
         # inside a tile: class, then highest nonzero group first (nested supports, e.g. positions, become prefixes)
         self.order = np.lexsort((-top, cls, tile))
-        seg = (tile * 3 + cls)[self.order]
+        seg = (tile * _CLASSES + cls)[self.order]
         starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
         stops = np.concatenate([starts[1:], [n]])
-        nz = nz[:, self.order]
         pos = np.arange(n, dtype=np.int64)
-        lo = np.minimum.reduceat(np.where(nz, pos, n), starts, axis=1)  # (groups, segments)
-        hi = np.maximum.reduceat(np.where(nz, pos + 1, 0), starts, axis=1)
-        del nz
+        ranges = []
+        for j in range(3):  # (groups, segments): each group's first and last nonzero cluster, per kind
+            nz = nzk[j][:, self.order]
+            ranges.append((np.minimum.reduceat(np.where(nz, pos, n), starts, axis=1),
+                           np.maximum.reduceat(np.where(nz, pos + 1, 0), starts, axis=1)))
+        del nzk, nz
 
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
         self.S = np.empty((len(self.main), n), dtype=np.float64)
         for r, c in enumerate(self.main):
             np.take(ST[c], self.order, out=self.S[r])
-        mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % 3 == _MIXED]
-        n_mixed = sum(z - a for a, z in mixed)
-        self.Snum = np.empty((len(self.nums), n_mixed), dtype=np.float64)
+        mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
+        self.Snum = np.empty((len(self.nums), sum(z - a for a, z in mixed)), dtype=np.float64)
         mixed_off: dict[int, int] = {}
         off = 0
         for a, z in mixed:
             mixed_off[a] = off
             off += z - a
-        if n_mixed:
+        if mixed:
             cols = np.concatenate([self.order[a:z] for a, z in mixed])
             for r, c in enumerate(self.nums):
                 np.take(ST[c], cols, out=self.Snum[r])
 
         # the plan: per tile, its products (source, class, first row, stop row, first cluster, stop, source column)
         self.tiles: list[tuple[int, int, list[tuple[int, int, int, int, int, int, int]]]] = []
-        t_of_seg = seg // 3
+        t_of_seg = seg[starts] // _CLASSES
         for t in range(int(tile[-1]) + 1 if n else 0):
             c0, c1 = t * TILE, min(n, (t + 1) * TILE)
             plan: list[tuple[int, int, int, int, int, int, int]] = []
-            for s in np.flatnonzero(t_of_seg[starts] == t).tolist():
-                cl, s0 = int(seg[starts[s]] % 3), int(starts[s])
-                for r0, r1, a, z in _panels(lo[:, s], hi[:, s], mcut):
-                    plan.append((0, cl, r0, r1, a - c0, z - c0, a))
-                if cl == _MIXED:
-                    for r0, r1, a, z in _panels(lo[:, s], hi[:, s], ncut):
-                        plan.append((1, cl, r0, r1, a - c0, z - c0, mixed_off[s0] + a - s0))
+            for s in np.flatnonzero(t_of_seg == t).tolist():
+                cl, s0 = int(seg[starts[s]] % _CLASSES), int(starts[s])
+                for j in ((0, 1) if cl != _MIXED else (0, 1, 2)):
+                    lo, hi = ranges[j]
+                    for r0, r1, a, z in _panels(lo[:, s], hi[:, s], cuts[j]):
+                        col = a if j < 2 else mixed_off[s0] + a - s0
+                        plan.append((int(j == 2), cl, offsets[j] + r0, offsets[j] + r1, a - c0, z - c0, col))
             self.tiles.append((c0, c1, plan))
         self._local = threading.local()
 
@@ -165,7 +174,7 @@ class SegmentedFamily:
                                      np.empty(SUPER * PANEL_ROWS * BLOCK))
         cbuf, gbuf, obuf = buf
         cv = counts.view(np.dtype((np.void, BLOCK))).reshape(SUPER, -1)  # a cluster's BLOCK counts as one item
-        acc = np.zeros((3, SUPER, len(self.main), BLOCK))
+        acc = np.zeros((_CLASSES, SUPER, len(self.main), BLOCK))
         acc_num = np.zeros((SUPER, len(self.nums), BLOCK))
         for c0, c1, plan in self.tiles:
             w = c1 - c0
@@ -181,7 +190,7 @@ class SegmentedFamily:
                 dst = acc[cl, :, r0:r1] if src == 0 else acc_num[:, r0:r1]
                 np.add(dst, out, out=dst)
         res = np.empty((SUPER, BLOCK, self.k))  # resample j * BLOCK + r
-        res[:, :, self.main] = (acc[_ZERO] + acc[_EQUAL] + acc[_MIXED]).transpose(0, 2, 1)
+        res[:, :, self.main] = (acc[_NONE] + acc[_ZERO] + acc[_EQUAL] + acc[_MIXED]).transpose(0, 2, 1)
         if self.nums:
             res[:, :, self.nums] = (acc[_EQUAL][:, self.den_rows] + acc_num).transpose(0, 2, 1)
         return res.reshape(SPAN, self.k)
