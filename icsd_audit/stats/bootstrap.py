@@ -42,7 +42,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from icsd_audit.stats.budget import check_families
-from icsd_audit.stats.segments import SegmentedFamily
+from icsd_audit.stats.segments import SegmentedFamily, segment_rows
 from icsd_audit.stats.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
@@ -339,10 +339,7 @@ class RatioFamily:
     label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
     of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
     point and resampled sums are its parts' added in order, with no product of its own.
-    ``column_groups`` (lists of columns of ``sums`` sharing their nonzero clusters, e.g. a bin's) and
-    ``tied`` (pairs (numerator, denominator) of one group, the numerator on most clusters 0 or equal
-    to the denominator): given either, a one-group family is multiplied by sorted tiles
-    (:class:`~icsd_audit.stats.segments.SegmentedFamily`): the same products added in another order.
+    ``column_groups``, ``tied``: bins and (numerator, denominator) pairs (:mod:`icsd_audit.stats.segments`).
     """
 
     sums: Any
@@ -372,7 +369,7 @@ class _Prepared:
     gvalues: tuple[Any, ...]
     estimate: np.ndarray
     totals: tuple[tuple[int, ...], ...] = ()  # positions in ST of each total's parts
-    segments: tuple[list[list[int]], list[tuple[int, int]]] | None = None  # column groups and tied pairs, in ST
+    segments: tuple[list[list[int]], list[tuple[int, int]]] | None = None  # column groups, tied pairs (ST rows)
 
     def with_totals(self, T: np.ndarray) -> np.ndarray:
         """T's columns, then each total: its parts' sums added in order."""
@@ -450,12 +447,7 @@ def _prepare(fam: RatioFamily) -> _Prepared:
                      parts)
     prep.estimate = prep.stats_of(total)
     if (fam.column_groups or fam.tied) and n_groups == 1:
-        grouped = [[pos[int(c)] for c in g if int(c) in pos and int(c) < k] for g in fam.column_groups]
-        seen = {c for g in grouped for c in g}
-        groups = [g for g in grouped if g] + [[c] for c in range(used.size) if c not in seen]
-        tied = [(pos[int(a)], pos[int(b)]) for a, b in fam.tied if int(a) < k and int(b) < k and int(a) in pos
-                and int(b) in pos]
-        prep.segments = (groups, tied)
+        prep.segments = segment_rows(fam.column_groups, fam.tied, {c: r for c, r in pos.items() if c < k}, used.size)
     return prep
 
 

@@ -9,17 +9,19 @@ tokens all have u < 0, and 0 on one whose active tokens all have u > 0: the adva
 constant over a turn).  :class:`SegmentedFamily` uses both, with no change to the counts:
 
 * inside each tile of :data:`TILE` clusters (layout order), the clusters are sorted by
-  their *class* (numerators all 0, all equal to their denominators, or neither) and then by
-  their highest nonzero group, so each group's nonzero clusters lie in one short range of
-  the tile per class;
-* each (tile, class) multiplies, group run by group run, only that range, and only the
-  denominator of a tied pair where the class decides the numerator;
+  their *class* (no tied pair nonzero; numerators all 0; numerators all equal to their
+  denominators; mixed) and then by their highest nonzero group, so each group's nonzero
+  clusters lie in one short range of the tile per class (a prefix, where the supports are
+  nested as positions are);
+* the rows (a group's plain columns, then the denominators, group after group) are
+  multiplied in panels of :data:`PANEL_ROWS` over the range where the panel's groups are
+  nonzero; the numerators only on mixed clusters, the class giving them elsewhere;
 * the counts of the tile are gathered into that order (from inside the tile, in cache),
-  64 resamples (a work unit) side by side, one product per range.
+  a work unit's SUPER blocks at once.
 
 A column's resampled sum is therefore the sum of the same products (count times sum) as a
 plain product, added in another order: the last bits differ from :class:`~resample.Family`'s,
-and depend on this family's own sums only (the order, the ranges and the merges are
+and depend on this family's own sums only (the order, the classes and the ranges are
 functions of them), so the statistic keeps one interval in every command (SPEC 7).
 
 Pure numpy.
@@ -35,12 +37,13 @@ import numpy as np
 from icsd_audit.stats.counts import BLOCK
 from icsd_audit.stats.resample import SPAN, SUPER, Layout
 
-__all__ = ["SegmentedFamily", "TILE"]
+__all__ = ["SegmentedFamily", "TILE", "segment_rows"]
 
-#: clusters per tile: the tile's float64 counts (TILE x 64 resamples, 512 KB) stay in a core's L2
+#: clusters per tile: the tile's float64 counts (TILE x 64 resamples, 1 MB) stay in a core's L2 (1,024 and 4,096
+#: measured no faster); part of the numbers, like the panels (the order of the additions)
 TILE = 2048
-#: rows per product: (12 x 1,024) @ (1,024 x 64) runs at about 27 G multiply-adds per second on one core here
-#: (OpenBLAS's small-matrix kernel; a multiple of its 6-row step), 5 or 10 rows at 14-20, 45 rows at 10-13
+#: rows per product: (12 x 1,024) @ (4 x 1,024 x 16) runs at about 27 G multiply-adds per second on one core here
+#: in isolation (OpenBLAS's small-matrix kernel; a multiple of its 6-row step), 5 or 10 rows at 14-20, 45 at 10-13
 PANEL_ROWS = 12
 #: cluster classes inside a tile, in sorted order: no tied pair nonzero; numerators all 0 (denominators not);
 #: numerators all equal to their denominators; mixed
@@ -194,6 +197,16 @@ class SegmentedFamily:
         if self.nums:
             res[:, :, self.nums] = (acc[_EQUAL][:, self.den_rows] + acc_num).transpose(0, 2, 1)
         return res.reshape(SPAN, self.k)
+
+
+def segment_rows(groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], row_of: dict[int, int],
+                 n_rows: int) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """A family's column groups and tied pairs in the rows its sums are laid out in (``row_of``: column -> row,
+    the columns some ratio uses); a row in no group forms a group alone."""
+    grouped = [g for g in ([row_of[int(c)] for c in g if int(c) in row_of] for g in groups) if g]
+    seen = {r for g in grouped for r in g}
+    return (grouped + [[r] for r in range(n_rows) if r not in seen],
+            [(row_of[int(a)], row_of[int(b)]) for a, b in tied if int(a) in row_of and int(b) in row_of])
 
 
 def _panels(lo: np.ndarray, hi: np.ndarray, cut: np.ndarray) -> list[tuple[int, int, int, int]]:
