@@ -61,6 +61,7 @@ def _by_hand(t: Tokens, w: Weights, turn_of: np.ndarray, x: np.ndarray, edges: n
 @pytest.mark.parametrize("by", ["pos", "abs_delta"])
 def test_sorted_tiles_equal_resampled_turns_by_hand(monkeypatch, by):
     monkeypatch.setattr(segments, "TILE", 32)  # several tiles, each with its classes and ranges
+    monkeypatch.setattr(segments, "WIDTH", 8)  # and ranges cut into several products
     t, w, turn_of = _turns(seed=1)
     x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
     spec = StrataSpec(by, bins=6)
