@@ -42,6 +42,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from icsd_audit.stats.budget import check_families
+from icsd_audit.stats.segments import SegmentedFamily, segment_rows
 from icsd_audit.stats.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
@@ -338,6 +339,7 @@ class RatioFamily:
     label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
     of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
     point and resampled sums are its parts' added in order, with no product of its own.
+    ``column_groups``, ``tied``: bins and (numerator, denominator) pairs (:mod:`icsd_audit.stats.segments`).
     """
 
     sums: Any
@@ -348,6 +350,8 @@ class RatioFamily:
     differences: Sequence[tuple[int, int]] = ()
     names: Sequence[str] | None = None
     totals: Sequence[Sequence[int]] = ()
+    column_groups: Sequence[Sequence[int]] = ()
+    tied: Sequence[tuple[int, int]] = ()
 
 
 @dataclass
@@ -365,6 +369,7 @@ class _Prepared:
     gvalues: tuple[Any, ...]
     estimate: np.ndarray
     totals: tuple[tuple[int, ...], ...] = ()  # positions in ST of each total's parts
+    segments: tuple[list[list[int]], list[tuple[int, int]]] | None = None  # column groups, tied pairs (ST rows)
 
     def with_totals(self, T: np.ndarray) -> np.ndarray:
         """T's columns, then each total: its parts' sums added in order."""
@@ -441,6 +446,8 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0),
                      parts)
     prep.estimate = prep.stats_of(total)
+    if (fam.column_groups or fam.tied) and n_groups == 1:
+        prep.segments = segment_rows(fam.column_groups, fam.tied, {c: r for c, r in pos.items() if c < k}, used.size)
     return prep
 
 
@@ -481,7 +488,8 @@ def bootstrap_ratio_families(
             layouts.setdefault(p.sizes.tobytes(), []).append(i)
         for idx in layouts.values():
             lay = Layout(preps[idx[0]].sizes)
-            fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) for i in idx]
+            fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) if preps[i].segments is None
+                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay) for i in idx]
             for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):
                 for i, T in zip(idx, Ts):
                     reps[i][r0:r1] = preps[i].stats_of(T)

@@ -309,7 +309,9 @@ class _Engine:
         counts, cbuf, gbuf = self._buffers()
         for j in range(SUPER):
             block_counts(block_generator(self.seed_seq, u * SUPER + j), counts[j], self.lay)
-        accs = [np.zeros((f.n_groups, SUPER, len(f.dense), BLOCK)) for f in self.families]
+        # a family with products of its own (:class:`icsd_audit.stats.segments.SegmentedFamily`) takes the counts
+        accs = [None if getattr(f, "own_products", False) else np.zeros((f.n_groups, SUPER, len(f.dense), BLOCK))
+                for f in self.families]
         if any(f.panels for f in self.families):
             for c0 in range(0, self.lay.n, TILE):
                 c1 = min(self.lay.n, c0 + TILE)
@@ -320,6 +322,9 @@ class _Engine:
                         f.add_tile(cf, c0, c1, acc)
         out = []
         for f, acc in zip(self.families, accs):
+            if acc is None:
+                out.append(f.unit_sums(counts))
+                continue
             T = np.zeros((f.n_groups, SUPER, f.k, BLOCK))
             T[:, :, f.dense] = acc
             part_acc: dict[int, np.ndarray] = {}

@@ -118,7 +118,7 @@ class StrataAccumulator:
         if not (self.eps >= 0):
             raise ValueError(f"eps must be >= 0, got {eps!r}")
         self.base_name, self.compare_name = check_names(base_name, compare_name)
-        # per add: (bins x quantities + 3 turn totals, turns), the rows of the bootstrap's column matrix
+        # per add: (bins x quantities, turns), the rows of the bootstrap's column matrix
         self._sums: list[np.ndarray] = []
         self._batch: list[np.ndarray] = []
         nb = self.n_bins
@@ -177,16 +177,13 @@ class StrataAccumulator:
         dpos = delta > 0
         act = dpos & (np.abs(u64) > self.eps)
         neg = act & (u64 < 0)
-        # row b * 7 + q holds quantity q of bin b for every turn; the last three rows the turn totals
-        out = np.empty((nb * _NQ + 3, cidx.n), dtype=np.float64)
-        view = out[: nb * _NQ].reshape(nb, _NQ, cidx.n)
+        # row b * 7 + q holds quantity q of bin b for every turn (the totals are the bins' sums, :meth:`family`)
+        out = np.empty((nb * _NQ, cidx.n), dtype=np.float64)
+        view = out.reshape(nb, _NQ, cidx.n)
         view[:, 0] = np.bincount(key, minlength=size).reshape(cidx.n, nb).T
         for q, w in enumerate((wb64, wc64, masked(wb64, neg), masked(wb64, act), masked(wc64, neg), masked(wc64, act)),
                               start=1):
             view[:, q] = np.bincount(key, weights=w, minlength=size).reshape(cidx.n, nb).T
-        out[nb * _NQ] = cidx.count()
-        out[nb * _NQ + 1] = cidx.sum(wb64)
-        out[nb * _NQ + 2] = cidx.sum(wc64)
         self._sums.append(out)
         self._batch.append(batch[cidx.first].astype(np.int64))
         for name, mask in (("n", None), ("active", act), ("supported", dpos), ("supported_adv0", dpos & (adv == 0))):
@@ -218,17 +215,24 @@ class StrataAccumulator:
         return ratios + diffs
 
     def family(self) -> RatioFamily:
-        """The bootstrap request of this statistic: per-turn columns, bins side by side, then the turn totals.
+        """The bootstrap request of this statistic: per-turn columns, bins side by side.
 
-        The columns are gathered into one (columns x turns) float64 matrix, each batch's piece
+        The three denominators (all tokens, each weighting's whole mass) are the totals of the
+        bins' columns (no product of their own).  Each bin's columns form a column group and
+        each TCM numerator is tied to its denominator (the numerator of a turn is its
+        denominator where the turn's active tokens all have u < 0, 0 where they all have u > 0),
+        so the engine multiplies a bin only over the turns that reach it, and a numerator only
+        on turns of mixed signs (:class:`~icsd_audit.stats.segments.SegmentedFamily`).  The
+        columns are gathered into one (columns x turns) float64 matrix, each batch's piece
         released once copied, and handed over as its transpose (a view, which the bootstrap
-        takes without a copy): about 8 bytes per turn per column at the peak.
+        takes without a copy): about 8 bytes per turn per column, and as much again for the
+        sorted copy the engine multiplies.
         """
         if not self._sums:
             raise ValueError("no valid tokens to audit")
         nb = self.n_bins
         n_turns = sum(p.shape[1] for p in self._sums)
-        M = np.empty((nb * _NQ + 3, n_turns), dtype=np.float64)
+        M = np.empty((nb * _NQ, n_turns), dtype=np.float64)
         off = 0
         pieces, self._sums = self._sums, []
         while pieces:
@@ -248,7 +252,10 @@ class StrataAccumulator:
             r = 5 * b
             diffs += [(r + 2, r + 1), (r + 4, r + 3)]
         self._batch_final = np.concatenate(self._batch)
-        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names())
+        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names(),
+                           totals=[[b * _NQ + q for b in range(nb)] for q in (0, 1, 2)],
+                           column_groups=[list(range(b * _NQ, (b + 1) * _NQ)) for b in range(nb)],
+                           tied=[(b * _NQ + q, b * _NQ + q + 1) for b in range(nb) for q in (3, 5)])
 
     def results(self, raw: RatioBootstrapResult, *, unit: str = "action-turn") -> StrataResult:
         """The result object from the bootstrap of :meth:`family` (with its replicates, for the intensities)."""

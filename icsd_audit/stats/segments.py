@@ -1,0 +1,231 @@
+"""Resampled sums of a family whose columns come in groups (a statistic's bins), tile by tile in a sorted order.
+
+The bootstrap engine (:mod:`icsd_audit.stats.resample`) multiplies a family's per-cluster
+sums by each block's counts.  A family of binned sums (token strata, SPEC 11: per bin the
+tokens, both weightings' masses and both TCM sets) has most of its columns zero on many
+clusters (a short turn never reaches the late positions) and pairs of columns that are
+equal or zero turn by turn (a TCM numerator is its denominator on a turn whose active
+tokens all have u < 0, and 0 on one whose active tokens all have u > 0: the advantage is
+constant over a turn).  :class:`SegmentedFamily` uses both, with no change to the counts:
+
+* inside each tile of :data:`TILE` clusters (layout order), the clusters are sorted by
+  their *class* (no tied pair nonzero; numerators all 0; numerators all equal to their
+  denominators; mixed) and then by their highest nonzero group, so each group's nonzero
+  clusters lie in one short range of the tile per class (a prefix, where the supports are
+  nested as positions are);
+* the rows (a group's plain columns, then the denominators, group after group) are
+  multiplied in panels of :data:`PANEL_ROWS` over the range where the panel's groups are
+  nonzero; the numerators only on mixed clusters, the class giving them elsewhere;
+* the counts of the tile are gathered into that order (from inside the tile, in cache),
+  a work unit's SUPER blocks at once.
+
+A column's resampled sum is therefore the sum of the same products (count times sum) as a
+plain product, added in another order: the last bits differ from :class:`~resample.Family`'s,
+and depend on this family's own sums only (the order, the classes and the ranges are
+functions of them), so the statistic keeps one interval in every command (SPEC 7).
+
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from icsd_audit.stats.counts import BLOCK
+from icsd_audit.stats.resample import SPAN, SUPER, Layout
+
+__all__ = ["SegmentedFamily", "TILE", "segment_rows"]
+
+#: clusters per tile (part of the numbers, like the panels: the order of the additions). The tile's float64 counts
+#: (8 MB at 8,192) are read a few times per tile from L3; measured per work unit on the 5M benchmark dumps, 8,192
+#: beat 2,048 and 4,096 (fewer, longer products) and 16,384 (the counts no longer stay in cache)
+TILE = 8192
+#: clusters per product at most: (12 x w) @ (w x 16) stays in OpenBLAS's small-matrix kernel (M N K <= 1e6)
+WIDTH = 4096
+#: rows per product: (12 x 1,024) @ (4 x 1,024 x 16) runs at about 27 G multiply-adds per second on one core here
+#: in isolation (OpenBLAS's small-matrix kernel; a multiple of its 6-row step), 5 or 10 rows at 14-20, 45 at 10-13
+PANEL_ROWS = 12
+#: cluster classes inside a tile, in sorted order: no tied pair nonzero; numerators all 0 (denominators not);
+#: numerators all equal to their denominators; mixed
+_NONE, _ZERO, _EQUAL, _MIXED = 0, 1, 2, 3
+_CLASSES = 4
+#: a cluster's BLOCK counts (16 bytes) as one item to gather: NumPy's take moves 16-byte complex items as bytes,
+#: 4x as fast as 16-byte void items here
+_ITEM = np.dtype(np.complex128) if BLOCK == 16 else np.dtype((np.void, BLOCK))
+
+
+class SegmentedFamily:
+    """One single-group family's resampled sums (K x clusters ``ST``, layout order) by sorted tiles.
+
+    ``groups``: lists of column indices that share their nonzero clusters (a bin's columns),
+    together every column once; ``tied``: pairs (numerator, denominator) whose numerator is,
+    on most clusters, either 0 or equal to the denominator (both in the same group).  The
+    engine calls :meth:`unit_sums` with a work unit's counts.
+    """
+
+    own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
+    panels: list = []
+    parts: list = []
+    gathered = 0
+    n_groups = 1
+
+    def __init__(self, ST: np.ndarray, groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], lay: Layout):
+        ST = np.asarray(ST, dtype=np.float64)
+        if ST.ndim != 2 or ST.shape[1] != lay.n:
+            raise ValueError(f"sums must have one column per cluster ({lay.n}), got shape {ST.shape}")
+        k, n = ST.shape
+        self.k, self.width, self.n = k, k, n
+        self.dense = np.zeros(0, dtype=np.int64)
+        groups = [[int(c) for c in g] for g in groups]
+        flat = sorted(c for g in groups for c in g)
+        if flat != list(range(k)):
+            raise ValueError("column groups must hold every column exactly once")
+        group_of = {c: i for i, g in enumerate(groups) for c in g}
+        tied = [(int(a), int(b)) for a, b in tied]
+        if any(group_of[a] != group_of[b] or a == b for a, b in tied) or len({a for a, _ in tied}) != len(tied) \
+                or {a for a, _ in tied} & {b for _, b in tied}:
+            raise ValueError("tied pairs must be (numerator, denominator) of one group, each numerator once")
+        num_set, den_set = {a for a, _ in tied}, {b for _, b in tied}
+        den_of = dict(tied)
+        # rows of the sorted sums: every group's plain columns (neither numerator nor denominator of a pair), group
+        # after group (a run of groups is a run of rows); then the denominators, group after group; the
+        # numerators apart (multiplied on mixed clusters only)
+        kinds = [[c for c in g if c not in num_set and c not in den_set] for g in groups], \
+            [[c for c in g if c in den_set] for g in groups], [[c for c in g if c in num_set] for g in groups]
+        self.main = [c for g in kinds[0] for c in g] + [c for g in kinds[1] for c in g]
+        self.nums = [c for g in kinds[2] for c in g]
+        row_of = {c: r for r, c in enumerate(self.main)}
+        self.den_rows = np.array([row_of[den_of[a]] for a in self.nums], dtype=np.int64)
+        cuts = [np.cumsum([0] + [len(g) for g in kind]) for kind in kinds]
+        offsets = (0, int(cuts[0][-1]), 0)  # first row of each kind in its array (S, S, Snum)
+
+        # each cluster's class, and each group's support per kind of column
+        m = len(groups)
+        nzk = np.zeros((3, m, n), dtype=bool)
+        for j, kind in enumerate(kinds):
+            for i, g in enumerate(kind):
+                for c in g:
+                    nzk[j, i] |= ST[c] != 0
+        if tied:
+            A, B = ST[[a for a, _ in tied]], ST[[b for _, b in tied]]
+            zero, equal = ~nzk[2].any(axis=0), (A == B).all(axis=0)
+            cls = np.where(zero, np.where(nzk[1].any(axis=0), _ZERO, _NONE), np.where(equal, _EQUAL, _MIXED))
+            del A, B
+        else:
+            cls = np.full(n, _NONE)
+        anyg = nzk.any(axis=0)
+        top = np.where(anyg.any(axis=0), m - 1 - np.argmax(anyg[::-1], axis=0), -1)
+        del anyg
+        tile = np.arange(n, dtype=np.int64) // TILE
+        # inside a tile: class, then highest nonzero group first (nested supports, e.g. positions, become prefixes)
+        self.order = np.lexsort((-top, cls, tile))
+        seg = (tile * _CLASSES + cls)[self.order]
+        starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
+        stops = np.concatenate([starts[1:], [n]])
+        pos = np.arange(n, dtype=np.int64)
+        ranges = []
+        for j in range(3):  # (groups, segments): each group's first and last nonzero cluster, per kind
+            nz = nzk[j][:, self.order]
+            ranges.append((np.minimum.reduceat(np.where(nz, pos, n), starts, axis=1),
+                           np.maximum.reduceat(np.where(nz, pos + 1, 0), starts, axis=1)))
+        del nzk, nz
+
+        # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
+        self.S = np.empty((len(self.main), n), dtype=np.float64)
+        for r, c in enumerate(self.main):
+            np.take(ST[c], self.order, out=self.S[r])
+        mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
+        self.Snum = np.empty((len(self.nums), sum(z - a for a, z in mixed)), dtype=np.float64)
+        mixed_off: dict[int, int] = {}
+        off = 0
+        for a, z in mixed:
+            mixed_off[a] = off
+            off += z - a
+        if mixed:
+            cols = np.concatenate([self.order[a:z] for a, z in mixed])
+            for r, c in enumerate(self.nums):
+                np.take(ST[c], cols, out=self.Snum[r])
+
+        # the plan: per tile, its products (source, class, first row, stop row, first cluster, stop, source column)
+        self.tiles: list[tuple[int, int, list[tuple[int, int, int, int, int, int, int]]]] = []
+        t_of_seg = seg[starts] // _CLASSES
+        for t in range(int(tile[-1]) + 1 if n else 0):
+            c0, c1 = t * TILE, min(n, (t + 1) * TILE)
+            plan: list[tuple[int, int, int, int, int, int, int]] = []
+            for s in np.flatnonzero(t_of_seg == t).tolist():
+                cl, s0 = int(seg[starts[s]] % _CLASSES), int(starts[s])
+                for j in ((0, 1) if cl != _MIXED else (0, 1, 2)):
+                    lo, hi = ranges[j]
+                    for r0, r1, a0, z0 in _panels(lo[:, s], hi[:, s], cuts[j]):
+                        for a in range(a0, z0, WIDTH):
+                            z = min(z0, a + WIDTH)
+                            col = a if j < 2 else mixed_off[s0] + a - s0
+                            plan.append((int(j == 2), cl, offsets[j] + r0, offsets[j] + r1, a - c0, z - c0, col))
+            self.tiles.append((c0, c1, plan))
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:  # (pickled for a unit runner's workers; buffers are per process)
+        state = dict(self.__dict__)
+        state.pop("_local")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def unit_sums(self, counts: np.ndarray) -> np.ndarray:
+        """(SPAN, K): the columns' sums over the resamples of a work unit (``counts``: SUPER x clusters x BLOCK int8)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            w = min(TILE, self.n)
+            buf = self._local.buf = (np.empty(SUPER * w * BLOCK), np.empty(SUPER * w, dtype=_ITEM),
+                                     np.empty(SUPER * PANEL_ROWS * BLOCK))
+        cbuf, gbuf, obuf = buf
+        cv = counts.view(_ITEM).reshape(SUPER, -1)  # a cluster's BLOCK counts as one item
+        acc = np.zeros((_CLASSES, SUPER, len(self.main), BLOCK))
+        acc_num = np.zeros((SUPER, len(self.nums), BLOCK))
+        for c0, c1, plan in self.tiles:
+            w = c1 - c0
+            got = gbuf[: SUPER * w].reshape(SUPER, w)
+            # this tile's counts in its sorted order (read from inside the tile, in cache; no index is out of range)
+            np.take(cv, self.order[c0:c1], axis=1, out=got, mode="clip")
+            cf = cbuf[: SUPER * w * BLOCK].reshape(SUPER, w, BLOCK)
+            np.copyto(cf, got.view(np.int8).reshape(SUPER, w, BLOCK), casting="unsafe")
+            for src, cl, r0, r1, a, z, s0 in plan:
+                out = obuf[: SUPER * (r1 - r0) * BLOCK].reshape(SUPER, r1 - r0, BLOCK)
+                np.matmul((self.S if src == 0 else self.Snum)[r0:r1, s0 : s0 + z - a], cf[:, a:z], out=out)
+                dst = acc[cl, :, r0:r1] if src == 0 else acc_num[:, r0:r1]
+                np.add(dst, out, out=dst)
+        res = np.empty((SUPER, BLOCK, self.k))  # resample j * BLOCK + r
+        res[:, :, self.main] = (acc[_NONE] + acc[_ZERO] + acc[_EQUAL] + acc[_MIXED]).transpose(0, 2, 1)
+        if self.nums:
+            res[:, :, self.nums] = (acc[_EQUAL][:, self.den_rows] + acc_num).transpose(0, 2, 1)
+        return res.reshape(SPAN, self.k)
+
+
+def segment_rows(groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], row_of: dict[int, int],
+                 n_rows: int) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """A family's column groups and tied pairs in the rows its sums are laid out in (``row_of``: column -> row,
+    the columns some ratio uses); a row in no group forms a group alone."""
+    grouped = [g for g in ([row_of[int(c)] for c in g if int(c) in row_of] for g in groups) if g]
+    seen = {r for g in grouped for r in g}
+    return (grouped + [[r] for r in range(n_rows) if r not in seen],
+            [(row_of[int(a)], row_of[int(b)]) for a, b in tied if int(a) in row_of and int(b) in row_of])
+
+
+def _panels(lo: np.ndarray, hi: np.ndarray, cut: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Products (r0, r1, a, z) of one segment: rows in panels of :data:`PANEL_ROWS` (group ``g`` owns rows
+    cut[g]:cut[g + 1]), each cut to the rows of groups with a nonzero cluster in the segment and multiplied over
+    the union [a, z) of those groups' ranges [lo, hi)."""
+    live = np.flatnonzero((hi > lo) & (np.diff(cut) > 0))
+    out: list[tuple[int, int, int, int]] = []
+    for p0 in range(0, int(cut[-1]), PANEL_ROWS):
+        p1 = min(int(cut[-1]), p0 + PANEL_ROWS)
+        gs = [int(g) for g in live if cut[g] < p1 and cut[g + 1] > p0]
+        if gs:
+            out.append((max(p0, int(cut[gs[0]])), min(p1, int(cut[gs[-1] + 1])), int(min(lo[g] for g in gs)),
+                        int(max(hi[g] for g in gs))))
+    return out

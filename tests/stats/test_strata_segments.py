@@ -1,0 +1,119 @@
+"""The strata bootstrap's sorted-tile products (stats/segments.py) against a slow reference, and beside tcm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from icsd_audit import Tokens, Weights, tcm
+from icsd_audit.stats import segments
+from icsd_audit.stats.bootstrap import RatioFamily, bootstrap_ratio_families
+from icsd_audit.stats.strata import StrataAccumulator, StrataSpec, strata_edges
+
+from tests.stats.test_bootstrap import counts_matrix
+
+SIZES = [40, 57, 90]  # turns per batch
+
+
+def _turns(seed: int = 0) -> tuple[Tokens, Weights, np.ndarray]:
+    """Turns of 1-30 tokens in batch order; most with one advantage, some mixed (u of both signs), some A = 0."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 31, sum(SIZES))
+    n = int(lengths.sum())
+    turn_of = np.repeat(np.arange(lengths.size), lengths)
+    adv_turn = rng.choice([-1.0, -0.5, 0.0, 0.5, 1.0], lengths.size)
+    adv = adv_turn[turn_of]
+    mixed = rng.random(lengths.size) < 0.15
+    flip = mixed[turn_of] & (rng.random(n) < 0.5)
+    adv = np.where(flip, -adv + 0.25, adv)
+    delta = rng.normal(0, 1, n)
+    delta[rng.random(n) < 0.1] = 0.0
+    ratio = rng.uniform(0.5, 1.5, n)
+    g = rng.uniform(0.1, 1.0, n)
+    c = rng.uniform(0.0, 2.0, n) * (rng.random(n) < 0.9)
+    batch = np.repeat(np.repeat(np.arange(len(SIZES)), SIZES), lengths)
+    pos = np.arange(n) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    t = Tokens(advantage=adv, ratio=ratio, delta=delta, traj_id=turn_of, turn_id=np.zeros(n, dtype=np.int64),
+               batch_id=batch, columns={"pos": pos})
+    return t, Weights(g, c), turn_of
+
+
+def _by_hand(t: Tokens, w: Weights, turn_of: np.ndarray, x: np.ndarray, edges: np.ndarray, R: int, seed: int):
+    """Per resample, each bin's token share, mass shares and TCMs from explicitly resampled turns (Python loops)."""
+    n_turns, nb = int(turn_of.max()) + 1, edges.size + 1
+    V = np.zeros((n_turns, nb, 7))  # tokens, g, c, g over u < 0 active, g active, c over u < 0 active, c active
+    for i in range(len(t)):
+        b = sum(1 for e in edges if e <= x[i])
+        u = t.advantage[i] * t.ratio[i] * t.delta[i]
+        act = t.delta[i] > 0 and abs(u) > 1e-4
+        row = V[turn_of[i], b]
+        row += [1.0, w.base[i], w.compare[i], w.base[i] * (act and u < 0), w.base[i] * act,
+                w.compare[i] * (act and u < 0), w.compare[i] * act]
+    C = counts_matrix(SIZES, R, seed)  # each resample's multiplicity of every turn (the bootstrap's stream)
+    S = np.einsum("rt,tbq->rbq", C, V)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"token_share": S[..., 0] / S[..., 0].sum(axis=1, keepdims=True),
+                "share:base": S[..., 1] / S[..., 1].sum(axis=1, keepdims=True),
+                "share:compare": S[..., 2] / S[..., 2].sum(axis=1, keepdims=True),
+                "tcm:base": S[..., 3] / S[..., 4], "tcm:compare": S[..., 5] / S[..., 6]}
+
+
+@pytest.mark.parametrize("by", ["pos", "abs_delta"])
+def test_sorted_tiles_equal_resampled_turns_by_hand(monkeypatch, by):
+    monkeypatch.setattr(segments, "TILE", 32)  # several tiles, each with its classes and ranges
+    monkeypatch.setattr(segments, "WIDTH", 8)  # and ranges cut into several products
+    t, w, turn_of = _turns(seed=1)
+    x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
+    spec = StrataSpec(by, bins=6)
+    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
+    acc.add(t, w, x=x)
+    fam = acc.family()
+    (raw,) = bootstrap_ratio_families([fam], n_resamples=96, rng=7, keep_replicates=True)
+    want = _by_hand(t, w, turn_of, x, acc.edges, 96, seed=7)
+    for q, ref in want.items():
+        for b in range(acc.n_bins):
+            got = raw.replicates[:, 0, raw.index(f"{spec.name}:{b}:{q}")]
+            assert np.array_equal(np.isnan(got), np.isnan(ref[:, b])), (q, b)
+            ok = ~np.isnan(got)
+            assert np.allclose(got[ok], ref[ok, b], rtol=1e-12, atol=1e-14), (q, b)
+    # every class of turn occurred: numerators all 0, all equal to their denominators, and mixed
+    cls = [p[1] for _, _, plan in segments.SegmentedFamily(np.ascontiguousarray(fam.sums.T), fam.column_groups,
+                                                          fam.tied, _layout()).tiles for p in plan]
+    assert set(cls) == {0, 1, 2, 3}
+
+
+def _layout():
+    from icsd_audit.stats.resample import Layout
+
+    return Layout(np.asarray(SIZES))
+
+
+def test_sorted_tiles_agree_with_plain_products_and_leave_tcm_alone(monkeypatch):
+    """The segmented family against the same columns multiplied densely (the last bits only), and tcm's interval is
+    the same bits with a strata family bootstrapped beside it (each statistic's own products, SPEC 7)."""
+    monkeypatch.setattr(segments, "TILE", 64)
+    t, w, _ = _turns(seed=2)
+    x = t.columns["pos"].astype(float)
+    spec = StrataSpec("pos", bins=10)
+    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
+    acc.add(t, w, x=x)
+    fam = acc.family()
+    plain = RatioFamily(fam.sums, fam.numerator_index, fam.denominator_index, strata=fam.strata,
+                        differences=fam.differences, names=fam.names, totals=fam.totals)
+    (a,) = bootstrap_ratio_families([fam], n_resamples=128, rng=3, keep_replicates=True)
+    (b,) = bootstrap_ratio_families([plain], n_resamples=128, rng=3, keep_replicates=True)
+    assert np.array_equal(a.estimate, b.estimate, equal_nan=True)
+    assert np.allclose(a.replicates, b.replicates, rtol=1e-12, atol=1e-15, equal_nan=True)
+    # tcm alone, and tcm's family beside the strata family on one draw: the same bits
+    from icsd_audit.stats.accumulator import AuditAccumulator
+
+    alone = tcm(t, w, n_resamples=128, rng=3)
+    audit = AuditAccumulator(statistics=("tcm",))
+    audit.add(t, w)
+    (_, tfam), = audit.families()
+    both = bootstrap_ratio_families([tfam, fam], n_resamples=128, rng=3, keep_replicates=True)
+    for j, side in enumerate(("base", "compare", "diff")):
+        ref = getattr(alone, side)
+        assert (both[0].estimate[0, j], both[0].ci_low[0, j], both[0].ci_high[0, j]) == (
+            ref.estimate, ref.ci_low, ref.ci_high)
+    assert np.array_equal(both[1].replicates, a.replicates, equal_nan=True)
