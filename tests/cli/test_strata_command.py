@@ -19,10 +19,19 @@ import pytest
 from .test_outputs import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+#: the cpu-demo run's dumps, which carry the entropy column (examples/cpu-demo/README.md)
 DUMPS = EXAMPLES / "cpu-demo" / "dumps"
-#: a fresh cpu-demo run whose dumps carry the entropy column (examples/cpu-demo-entropy/README.md)
-ENTROPY_DUMPS = EXAMPLES / "cpu-demo-entropy" / "dumps"
-EPS = 1e-4  # both runs record eps = 1e-4
+EPS = 1e-4  # the run records eps = 1e-4
+
+
+def without_entropy(src: Path, dst: Path) -> Path:
+    """A copy of the dumps under ``src`` without the ``entropy`` column (as a run that did not record it writes them)."""
+    for f in sorted(src.rglob("*.parquet")):
+        t = pq.read_table(f)
+        out = dst / f.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t.drop_columns(["entropy"]).replace_schema_metadata(t.schema.metadata), out)
+    return dst
 
 
 def _columns(dumps: Path = DUMPS, extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
@@ -67,7 +76,7 @@ def _hand(x_col: str, k: int | None, dumps: Path = DUMPS, top: float | None = No
 
 
 @pytest.mark.parametrize("by,k,top,dumps", [("logp", 5, None, DUMPS), ("pos", 4, None, DUMPS),
-                                            ("entropy", 5, None, ENTROPY_DUMPS), ("entropy", None, 0.2, ENTROPY_DUMPS)])
+                                            ("entropy", 5, None, DUMPS), ("entropy", None, 0.2, DUMPS)])
 def test_strata_json_reproduces_the_hand_computation(by: str, k: int | None, top: float | None, dumps: Path) -> None:
     split = ("--bins", str(k)) if top is None else ("--top", str(top))
     res = cli("audit", "strata", str(dumps), "--by", by, *split, "--json", "--resamples", "200")
@@ -108,11 +117,12 @@ def test_strata_table_says_why_a_bin_has_no_tcm() -> None:
 
 
 def test_entropy_on_dumps_without_the_column_is_one_line(tmp_path: Path) -> None:
-    res = cli("audit", "strata", str(DUMPS), "--by", "entropy", "--json", "--resamples", "20")
+    plain = without_entropy(DUMPS, tmp_path / "plain")
+    res = cli("audit", "strata", str(plain), "--by", "entropy", "--json", "--resamples", "20")
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "'entropy' column" in lines[0] and "3 of 3 input file(s) lack" in lines[0]
-    for f in sorted(DUMPS.rglob("*.parquet")):
+    for f in sorted(plain.rglob("*.parquet")):
         assert str(f) in lines[0]
 
 
@@ -121,6 +131,7 @@ def _with_entropy(src: Path, dst: Path, values: np.ndarray | None = None) -> Pat
     n = t.num_rows
     h = np.linspace(0.0, 3.0, n).astype(np.float32) if values is None else values.astype(np.float32)
     meta = t.schema.metadata
+    t = t.drop_columns([c for c in ("entropy",) if c in t.column_names])
     t = t.append_column("entropy", pa.array(h)).replace_schema_metadata(meta)
     pq.write_table(t, dst)
     return dst
@@ -131,7 +142,7 @@ def test_entropy_in_some_files_only_names_the_others(tmp_path: Path) -> None:
     d = tmp_path / "mixed"
     d.mkdir()
     _with_entropy(files[0], d / "a.parquet")
-    pq.write_table(pq.read_table(files[1]), d / "b.parquet")
+    pq.write_table(pq.read_table(files[1]).drop_columns(["entropy"]), d / "b.parquet")
     res = cli("audit", "strata", str(d), "--by", "entropy", "--resamples", "20")
     assert res.returncode == 2
     assert "1 of 2 input file(s) lack" in res.stderr and str(d / "b.parquet") in res.stderr

@@ -15,7 +15,9 @@ import pytest
 
 from .test_one_interval import intervals
 from .test_outputs import cli
+from .test_strata_command import without_entropy
 
+#: the cpu-demo run's dumps carry the entropy column, so the report's strata are by entropy
 DUMPS = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "dumps"
 R = "700"
 
@@ -30,7 +32,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.mark.parametrize("args,index,threads", [(("--bins", "10"), 0, 1), ((), 0, 2), (("--top", "0.2"), 1, 1)])
 def test_strata_command_prints_the_report_s_intervals(report: dict, args: tuple, index: int, threads: int) -> None:
-    res = cli("audit", "strata", str(DUMPS), "--by", "logp", *args, "--json", "--resamples", R, threads=threads)
+    res = cli("audit", "strata", str(DUMPS), "--by", "entropy", *args, "--json", "--resamples", R, threads=threads)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     want = report["strata"][index]
@@ -49,8 +51,12 @@ def test_the_report_s_forking_line_quotes_the_top_bin(report: dict, tmp_path: Pa
     assert res.returncode == 0, res.stderr
     top = report["strata"][1]["bins"][-1]
     b = top["share"]["base"]
-    line = next(x for x in res.stderr.splitlines() if x.strip().startswith("top 20 % by log-probability"))
+    t = top["tcm"]["compare"]
+    assert [s["statistic"] for s in report["strata"]] == ["strata:entropy:K10", "strata:entropy:top0.2"]
+    head = "forking tokens (top 20 % by next-token entropy)"
+    line = next(x for x in res.stderr.splitlines() if x.strip().startswith(head))
     assert f"SDAR {100 * b['estimate']:.1f} [{100 * b['ci_low']:.1f}, {100 * b['ci_high']:.1f}] %" in line
+    assert f"ICSD {100 * t['estimate']:.1f} [{100 * t['ci_low']:.1f}, {100 * t['ci_high']:.1f}] %" in line
 
 
 def test_strata_bins_of_the_report(tmp_path: Path) -> None:
@@ -59,7 +65,7 @@ def test_strata_bins_of_the_report(tmp_path: Path) -> None:
     res = cli("audit", "report", str(DUMPS), "--out", str(out), "--resamples", "300", "--strata-bins", "4")
     assert res.returncode == 0, res.stderr
     rep = json.loads((out / "summary.json").read_text())
-    res = cli("audit", "strata", str(DUMPS), "--by", "logp", "--bins", "4", "--json", "--resamples", "300")
+    res = cli("audit", "strata", str(DUMPS), "--by", "entropy", "--bins", "4", "--json", "--resamples", "300")
     assert json.loads(res.stdout)["bins"] == rep["strata"][0]["bins"]
     res = cli("audit", "report", str(DUMPS), "--out", str(out), "--resamples", "50", "--strata-bins", "0")
     assert res.returncode == 0, res.stderr
@@ -68,20 +74,19 @@ def test_strata_bins_of_the_report(tmp_path: Path) -> None:
     assert "*Not shown: not asked for (--strata-bins 0).*" in (out / "summary.md").read_text()
 
 
-def test_report_on_dumps_with_entropy_takes_the_entropy_strata(tmp_path: Path) -> None:
-    """On a run whose dumps carry ``entropy`` (examples/cpu-demo-entropy) the report's strata are by entropy, and
-    its forking-token split is ``icsd audit strata --by entropy --top 0.2``'s, bit for bit."""
-    dumps = DUMPS.parents[1] / "cpu-demo-entropy" / "dumps"
+def test_report_on_dumps_without_entropy_takes_the_logp_strata(tmp_path: Path) -> None:
+    """On dumps without ``entropy`` (cpu-demo's with the column dropped) the report's strata are by log-probability,
+    and its top-20 % split is ``icsd audit strata --by logp --top 0.2``'s, bit for bit."""
+    dumps = without_entropy(DUMPS, tmp_path / "plain")
     out = tmp_path / "rep"
     res = cli("audit", "report", str(dumps), "--out", str(out), "--resamples", "300")
     assert res.returncode == 0, res.stderr
     rep = json.loads((out / "summary.json").read_text())
-    assert [s["statistic"] for s in rep["strata"]] == ["strata:entropy:K10", "strata:entropy:top0.2"]
+    assert [s["statistic"] for s in rep["strata"]] == ["strata:logp:K10", "strata:logp:top0.2"]
     assert "strata" not in rep.get("omitted", {})
-    got = cli("audit", "strata", str(dumps), "--by", "entropy", "--top", "0.2", "--json", "--resamples", "300")
+    got = cli("audit", "strata", str(dumps), "--by", "logp", "--top", "0.2", "--json", "--resamples", "300")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["bins"] == rep["strata"][1]["bins"]
-    top = rep["strata"][1]["bins"][-1]["tcm"]["compare"]
-    head = "forking tokens (top 20 % by next-token entropy)"
-    line = next(x for x in res.stderr.splitlines() if x.strip().startswith(head))
-    assert f"ICSD {100 * top['estimate']:.1f} [{100 * top['ci_low']:.1f}, {100 * top['ci_high']:.1f}] %" in line
+    b = rep["strata"][1]["bins"][-1]["share"]["base"]
+    line = next(x for x in res.stderr.splitlines() if x.strip().startswith("top 20 % by log-probability"))
+    assert f"SDAR {100 * b['estimate']:.1f} [{100 * b['ci_low']:.1f}, {100 * b['ci_high']:.1f}] %" in line
