@@ -245,8 +245,12 @@ class SignSharesAccumulator:
         for k in range(1 + len(self.names)):
             num += [_PER * k + r for r in range(3)]
             den += [_PER * k + 3] * 3
+        # the token count's total as its three signs' counts added (column M.shape[0], no product of its
+        # own): integers, so the same bits as the count's own product, and a dense column less to multiply
+        den[:3] = [M.shape[0]] * 3
         diffs = [(3 * k + r, r + 3) for k in range(2, 1 + len(self.names)) for r in range(3)]
-        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names())
+        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names(),
+                           totals=[[0, 1, 2]])
 
     def results(self, raw: RatioBootstrapResult, *, unit: str = "action-turn") -> SignSharesResult:
         """The result object from the bootstrap of :meth:`family`."""
