@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families
-from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, masked
+from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, check_turns, masked
 from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["SIGNS", "STATISTIC", "SignSplit", "SignSharesResult", "SignSharesAccumulator", "sign_shares",
@@ -173,8 +173,11 @@ class SignSharesAccumulator:
         self._rows = 0
         self._batch_final: np.ndarray | None = None
 
-    def add(self, tokens: Tokens, weights: Weights | Mapping[str, Any]) -> None:
-        """Add tokens (one or several batches) and their weightings (labels as given to the constructor)."""
+    def add(self, tokens: Tokens, weights: Weights | Mapping[str, Any], *, turns: ClusterIndex | None = None) -> None:
+        """Add tokens (one or several batches) and their weightings (labels as given to the constructor).
+
+        ``turns``: :func:`~icsd_audit.stats.turns.turn_index` of these tokens when the caller has it.
+        """
         w = weightings_of(weights)
         if tuple(w) != self.names:
             raise ValueError(f"weights are labelled ({', '.join(w)}) but the accumulator holds "
@@ -201,7 +204,9 @@ class SignSharesAccumulator:
         self._rows += n
         if delta.shape[0] == 0:
             return
-        cidx = ClusterIndex(batch, traj, turn)  # the clusters, and their order, of AuditAccumulator
+        check_turns(turns, delta.shape[0])
+        # the clusters, and their order, of AuditAccumulator
+        cidx = turns if turns is not None else ClusterIndex(batch, traj, turn)
         pos, neg = delta > 0, delta < 0
         zero = ~(pos | neg)
         out = np.empty((_PER * (1 + len(ws)), cidx.n), dtype=np.float64)
@@ -209,10 +214,14 @@ class SignSharesAccumulator:
             out[r] = cidx.count_where(mask)
         out[3] = cidx.count()
         buf = np.empty(delta.shape[0], dtype=np.float64)
+        has_zero = bool(zero.any())  # (usually not: the zero rows' sums are then +0.0, as masked sums give)
         for k, a in enumerate(ws, start=1):
-            a64 = a.astype(np.float64)
+            a64 = np.asarray(a, dtype=np.float64)
             for r, mask in enumerate((pos, neg, zero)):
-                out[_PER * k + r] = cidx.sum(masked(a64, mask, out=buf))
+                if r == 2 and not has_zero:
+                    out[_PER * k + r] = 0.0
+                else:
+                    out[_PER * k + r] = cidx.sum(masked(a64, mask, out=buf))
             out[_PER * k + 3] = cidx.sum(a64)
         self._sums.append(out)
         self._batch.append(batch[cidx.first].astype(np.int64))
