@@ -23,7 +23,7 @@ from icsd_audit.stats.results import (
 from icsd_audit.tokens import Tokens, Weights
 from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, check_turns, factorize, masked
 
-__all__ = ["AuditAccumulator", "midrank_bins"]
+__all__ = ["AuditAccumulator", "bin_sums", "midrank_bins"]
 
 
 def _check_positive(name: str, x: Any, *, strict: bool = True) -> float:
@@ -445,11 +445,29 @@ class AuditAccumulator:
                 np.fmax.at(amax, b, a)
             meta[g] = {"n_tokens": ntoks, "adv_min": amin, "adv_max": amax, "n_splus": int(c.sum())}
         self._sp = {k: [] for k in self._sp}
-        for side, s in (("b", sb), ("c", sc)):
+        # the bins' per-turn sums as rows of one block (a large array gets huge pages: not 4k page faults
+        # per 4 MB row); where no turn holds two S+ sub-clusters (an advantage constant over each turn), each
+        # turn's sum is its one entry added to 0.0, as bincount adds it, put in place without a count
+        block = np.zeros((2 * nl, n))
+        for j, (side, s) in enumerate((("b", sb), ("c", sc))):
+            bin_sums(cl, s, bins, out=block[j * nl : (j + 1) * nl])
             for i, lab in enumerate(labels):
-                sel = bins == i
-                self._cols[f"sh_{lab}_{side}"] = [np.bincount(cl[sel], weights=s[sel], minlength=n)]
+                self._cols[f"sh_{lab}_{side}"] = [block[j * nl + i]]
         return meta
+
+
+def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: np.ndarray) -> np.ndarray:
+    """``out[i] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out.shape[1])`` for every
+    bin i, the same bits; ``out`` zeros on entry.  Where the cluster ids strictly increase (each cluster once)
+    a sum is its one value added to 0.0, as bincount adds it, put in place."""
+    once = cluster.size < 2 or bool((cluster[1:] > cluster[:-1]).all())
+    for i in range(out.shape[0]):
+        sel = bins == i
+        if once:
+            out[i, cluster[sel]] = values[sel] + 0.0
+        else:
+            out[i] = np.bincount(cluster[sel], weights=values[sel], minlength=out.shape[1])
+    return out
 
 
 def check_weight_names(weights: Weights, base_name: str, compare_name: str) -> None:

@@ -97,3 +97,20 @@ def test_a_shared_turn_index_gives_every_accumulator_the_same_sums(shuffled: boo
             assert np.array_equal(np.asarray(a.sums), np.asarray(b.sums)) and np.array_equal(a.strata, b.strata)
         with pytest.raises(ValueError, match="valid rows"):
             make().add(tokens, w, turns=ClusterIndex(np.zeros(3, np.int64)))
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_bin_sums_are_bincounts(once: bool) -> None:
+    """The share shift's per-turn bin sums: bincount's bits, with each cluster once (put in place, -0.0 made +0.0
+    as 0.0 + -0.0 is) and with clusters repeated (summed in order)."""
+    from icsd_audit.stats.accumulator import bin_sums
+
+    rng = np.random.default_rng(4)
+    cluster = np.sort(rng.choice(5000, 900, replace=False)) if once else np.sort(rng.integers(0, 5000, 900))
+    values = rng.random(900) * 1e3
+    values[::7] = -0.0
+    bins = rng.integers(0, 11, 900)
+    got = bin_sums(cluster, values, bins, out=np.zeros((11, 5000)))
+    for i in range(11):
+        want = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=5000)
+        assert np.array_equal(got[i].view(np.int64), want.view(np.int64)), i  # (the bits, signs of zeros included)
