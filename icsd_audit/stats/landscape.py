@@ -39,6 +39,7 @@ from icsd_audit.stats.bootstrap import (
     BootstrapResult, RatioBootstrapResult, RatioFamily, summarize_bootstrap, bootstrap_ratio_families,
 )
 from icsd_audit.tokens import Tokens, Weights
+from icsd_audit.stats.rank_edges import REGION_QUANTILE, unsorted_value_edges, value_edges
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
 from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, check_turns, masked
 
@@ -50,8 +51,6 @@ __all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "Landscap
 SMOOTHING_BANDWIDTH = 0.05
 #: Kernel truncation, in standard deviations.
 SMOOTHING_TRUNCATE = 3.0
-#: "Strongly" trusted / supported: scaled mid-rank at least this (the top fifth).
-REGION_QUANTILE = 0.8
 #: Region name -> its definition (docs/statistics.md); q_T, q_R = scaled mid-ranks of delta, advantage.
 LANDSCAPE_REGIONS = {
     "trusted_supported": "q_T >= 0.8 and q_R >= 0.8, delta > 0 and advantage > 0",
@@ -103,51 +102,6 @@ class RankEdges:
     zero_rank: Mapping[str, float]
 
 
-def _edges(values: np.ndarray, counts: np.ndarray | None, grid: int) -> tuple[np.ndarray, float, float]:
-    """Bin edges, region threshold and zero rank of sorted ``values`` (each with ``counts``, or once each).
-
-    Binary search over positions of the monotone f = 2 * below + equal (integers), so
-    memory stays at the sorted values themselves.
-    """
-    if counts is None:
-        n = m = values.size
-
-        def f(i: np.ndarray) -> np.ndarray:
-            x = values[i]
-            return np.searchsorted(values, x, side="left") + np.searchsorted(values, x, side="right")
-    else:
-        cum = np.cumsum(counts)
-        n, m = int(cum[-1]), values.size
-
-        def f(i: np.ndarray) -> np.ndarray:
-            return 2 * cum[i] - counts[i]
-
-    def first(cond: Any, k: int) -> np.ndarray:
-        """Per entry, the smallest index i in 0..m with cond(i) true (m if none): cond is monotone in i."""
-        lo, hi = np.zeros(k, np.int64), np.full(k, m, np.int64)
-        while (active := lo < hi).any():
-            mid = (lo + hi) // 2
-            ok = cond(np.minimum(mid, m - 1))
-            hi = np.where(active & ok, mid, hi)
-            lo = np.where(active & ~ok, mid + 1, lo)
-        return lo
-
-    def value_at(i: np.ndarray) -> np.ndarray:
-        return np.where(i < m, values[np.minimum(i, m - 1)].astype(np.float64), np.inf)
-
-    b = np.arange(1, grid, dtype=np.int64)
-    edges = value_at(first(lambda i: grid * f(i) >= 2 * n * b, b.size))
-    top = float(value_at(first(lambda i: f(i).astype(np.float64) / (2 * n) >= REGION_QUANTILE, 1))[0])
-    if counts is None:
-        z0 = values.dtype.type(0)  # (a Python 0 would convert every value to float64 first)
-        below, equal = np.searchsorted(values, z0, side="left"), np.searchsorted(values, z0, side="right")
-    else:
-        below = int(counts[values < 0].sum())
-        equal = int(counts[values == 0].sum()) + below
-    zero = (float(below) + 0.5 * float(equal - below)) / n
-    return edges, top, zero
-
-
 class LandscapeRanks:
     """The first pass of the landscape: each environment's delta and advantage values, then exact bin edges.
 
@@ -187,14 +141,13 @@ class LandscapeRanks:
             parts = self._delta.pop(key)
             d = np.concatenate(parts) if len(parts) > 1 else parts[0]
             del parts
-            d.sort()
-            de, dtop, dzero = _edges(d, None, self.grid)
+            de, dtop, dzero = unsorted_value_edges(d, self.grid)  # (d is ours: it is overwritten)
             n = d.size
             del d
             av = self._adv.pop(key)
             vals, inv = np.unique(np.concatenate([v for v, _ in av]), return_inverse=True)
             cnt = np.bincount(inv.reshape(-1), weights=np.concatenate([c for _, c in av]), minlength=vals.size)
-            ae, atop, azero = _edges(vals, cnt.astype(np.int64), self.grid)
+            ae, atop, azero = value_edges(vals, cnt.astype(np.int64), self.grid)
             out[key] = RankEdges(n=n, delta=de, advantage=ae, delta_top=dtop, advantage_top=atop,
                                  zero_rank={"delta": dzero, "advantage": azero})
         return out
