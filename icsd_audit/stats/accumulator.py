@@ -21,9 +21,11 @@ from icsd_audit.stats.results import (
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
 )
 from icsd_audit.tokens import Tokens, Weights
-from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, check_turns, factorize, masked
+from icsd_audit.stats.turns import (
+    ClusterIndex, GroupCodes, as_numpy, bin_sums, check_finite, check_turns, factorize, masked,
+)
 
-__all__ = ["AuditAccumulator", "bin_sums", "midrank_bins"]
+__all__ = ["AuditAccumulator", "midrank_bins"]
 
 
 def _check_positive(name: str, x: Any, *, strict: bool = True) -> float:
@@ -454,20 +456,6 @@ class AuditAccumulator:
             for i, lab in enumerate(labels):
                 self._cols[f"sh_{lab}_{side}"] = [block[j * nl + i]]
         return meta
-
-
-def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: np.ndarray) -> np.ndarray:
-    """``out[i] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out.shape[1])`` for every
-    bin i, the same bits; ``out`` zeros on entry.  Where the cluster ids strictly increase (each cluster once)
-    a sum is its one value added to 0.0, as bincount adds it, put in place."""
-    once = cluster.size < 2 or bool((cluster[1:] > cluster[:-1]).all())
-    for i in range(out.shape[0]):
-        sel = bins == i
-        if once:
-            out[i, cluster[sel]] = values[sel] + 0.0
-        else:
-            out[i] = np.bincount(cluster[sel], weights=values[sel], minlength=out.shape[1])
-    return out
 
 
 def check_weight_names(weights: Weights, base_name: str, compare_name: str) -> None:

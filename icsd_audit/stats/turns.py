@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_numpy", "check_finite", "check_turns", "ClusterIndex", "factorize", "GroupCodes", "masked",
-           "turn_index"]
+__all__ = ["as_numpy", "bin_sums", "check_finite", "check_turns", "ClusterIndex", "factorize", "GroupCodes",
+           "masked", "turn_index"]
 
 
 def as_numpy(x: Any, name: str, n: int | None = None) -> np.ndarray:
@@ -197,6 +197,20 @@ def check_turns(turns: ClusterIndex | None, n_valid: int) -> None:
     """A caller's ``turns`` must index the rows it is given with (the valid rows: ``n_valid``)."""
     if turns is not None and turns.n_rows != n_valid:
         raise ValueError(f"turns index {turns.n_rows} rows, but the tokens have {n_valid} valid rows")
+
+
+def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: np.ndarray) -> np.ndarray:
+    """``out[i] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out.shape[1])`` for every
+    bin i, the same bits; ``out`` zeros on entry.  Where the cluster ids strictly increase (each cluster once)
+    a sum is its one value added to 0.0, as bincount adds it, put in place."""
+    once = cluster.size < 2 or bool((cluster[1:] > cluster[:-1]).all())
+    for i in range(out.shape[0]):
+        sel = bins == i
+        if once:
+            out[i, cluster[sel]] = values[sel] + 0.0
+        else:
+            out[i] = np.bincount(cluster[sel], weights=values[sel], minlength=out.shape[1])
+    return out
 
 
 class GroupCodes:

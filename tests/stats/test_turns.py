@@ -103,7 +103,7 @@ def test_a_shared_turn_index_gives_every_accumulator_the_same_sums(shuffled: boo
 def test_bin_sums_are_bincounts(once: bool) -> None:
     """The share shift's per-turn bin sums: bincount's bits, with each cluster once (put in place, -0.0 made +0.0
     as 0.0 + -0.0 is) and with clusters repeated (summed in order)."""
-    from icsd_audit.stats.accumulator import bin_sums
+    from icsd_audit.stats.turns import bin_sums
 
     rng = np.random.default_rng(4)
     cluster = np.sort(rng.choice(5000, 900, replace=False)) if once else np.sort(rng.integers(0, 5000, 900))
