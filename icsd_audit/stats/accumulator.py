@@ -28,6 +28,10 @@ from icsd_audit.stats.turns import (
 __all__ = ["AuditAccumulator", "midrank_bins"]
 
 
+#: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
+_HUGE_PAGE_BYTES = 4 << 20
+
+
 def _check_positive(name: str, x: Any, *, strict: bool = True) -> float:
     try:
         v = float(x)
@@ -447,14 +451,14 @@ class AuditAccumulator:
                 np.fmax.at(amax, b, a)
             meta[g] = {"n_tokens": ntoks, "adv_min": amin, "adv_max": amax, "n_splus": int(c.sum())}
         self._sp = {k: [] for k in self._sp}
-        # the bins' per-turn sums as rows of one block (a large array gets huge pages: not 4k page faults
-        # per 4 MB row); where no turn holds two S+ sub-clusters (an advantage constant over each turn), each
-        # turn's sum is its one entry added to 0.0, as bincount adds it, put in place without a count
-        block = np.zeros((2 * nl, n))
+        # the bins' per-turn sums (bin_sums: bincount's bits). Rows under NumPy's huge-page size (4 MiB) come
+        # as one block, which gets huge pages (no page fault per 4 KB); larger rows get them on their own and
+        # stay apart, so each is freed once copied into the bootstrap's matrix (a block would stay whole)
+        rows = list(np.zeros((2 * nl, n))) if 8 * n < _HUGE_PAGE_BYTES else [np.zeros(n) for _ in range(2 * nl)]
         for j, (side, s) in enumerate((("b", sb), ("c", sc))):
-            bin_sums(cl, s, bins, out=block[j * nl : (j + 1) * nl])
+            bin_sums(cl, s, bins, out=rows[j * nl : (j + 1) * nl])
             for i, lab in enumerate(labels):
-                self._cols[f"sh_{lab}_{side}"] = [block[j * nl + i]]
+                self._cols[f"sh_{lab}_{side}"] = [rows[j * nl + i]]
         return meta
 
 

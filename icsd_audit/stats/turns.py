@@ -12,7 +12,7 @@ Pure numpy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -199,18 +199,17 @@ def check_turns(turns: ClusterIndex | None, n_valid: int) -> None:
         raise ValueError(f"turns index {turns.n_rows} rows, but the tokens have {n_valid} valid rows")
 
 
-def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: np.ndarray) -> np.ndarray:
-    """``out[i] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out.shape[1])`` for every
-    bin i, the same bits; ``out`` zeros on entry.  Where the cluster ids strictly increase (each cluster once)
-    a sum is its one value added to 0.0, as bincount adds it, put in place."""
+def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: Sequence[np.ndarray]) -> None:
+    """``out[i][:] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out[i].size)`` for every
+    bin i, the same bits; each ``out[i]`` zeros on entry.  Where the cluster ids strictly increase (each cluster
+    once) a sum is its one value added to 0.0, as bincount adds it, put in place."""
     once = cluster.size < 2 or bool((cluster[1:] > cluster[:-1]).all())
-    for i in range(out.shape[0]):
+    for i, row in enumerate(out):
         sel = bins == i
         if once:
-            out[i, cluster[sel]] = values[sel] + 0.0
+            row[cluster[sel]] = values[sel] + 0.0
         else:
-            out[i] = np.bincount(cluster[sel], weights=values[sel], minlength=out.shape[1])
-    return out
+            row[:] = np.bincount(cluster[sel], weights=values[sel], minlength=row.size)
 
 
 class GroupCodes:

@@ -110,7 +110,8 @@ def test_bin_sums_are_bincounts(once: bool) -> None:
     values = rng.random(900) * 1e3
     values[::7] = -0.0
     bins = rng.integers(0, 11, 900)
-    got = bin_sums(cluster, values, bins, out=np.zeros((11, 5000)))
+    got = np.zeros((11, 5000))
+    bin_sums(cluster, values, bins, out=list(got))
     for i in range(11):
         want = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=5000)
         assert np.array_equal(got[i].view(np.int64), want.view(np.int64)), i  # (the bits, signs of zeros included)
