@@ -30,6 +30,7 @@ from icsd_audit.alloc.settings import DEFAULTS
 from icsd_audit.dumps.reader import DumpReader, prefetch, read_metadata, resolve_paths
 from icsd_audit.stats.budget import check_bootstrap, check_resources
 from icsd_audit.stats.signs import SIGNS, SignSharesAccumulator, SignSharesResult
+from icsd_audit.stats.turns import ClusterIndex
 from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["SignPair", "needs_advantage", "producer_reason", "sign_pair", "sign_statistic_count", "run_signs",
@@ -169,12 +170,12 @@ class SignsSection:
         self.own = (self.pair.base, self.pair.compare) != (base, compare)
         self.acc = SignSharesAccumulator(names=(self.pair.base.allocator, self.pair.compare.allocator))
 
-    def add(self, tokens: Tokens, weights: Weights) -> None:
+    def add(self, tokens: Tokens, weights: Weights, *, turns: ClusterIndex | None = None) -> None:
         if self.reason is not None:
             return
         if self.own:
             weights, _ = weight_pair(tokens, self.pair.base, self.pair.compare)
-        self.acc.add(tokens, weights)
+        self.acc.add(tokens, weights, turns=turns)
 
     def fresh(self) -> "SignsSection":
         """An empty copy with the same weightings (a Ray task's part of the stream)."""

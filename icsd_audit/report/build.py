@@ -35,6 +35,7 @@ from icsd_audit.report.results import FIGURE_NAMES, REPORT_SCHEMA, AuditReport, 
 from icsd_audit.report.strata import STRATA_COLUMNS, ReportStrata
 from icsd_audit.stats import AuditAccumulator, LandscapeAccumulator
 from icsd_audit.stats.budget import check_resources
+from icsd_audit.stats.turns import turn_index
 from icsd_audit.audit.threads import single_threaded_maths
 
 __all__ = [
@@ -107,12 +108,13 @@ class _Stream:
     def add(self, batch: TokenBatch, weights: Any, u: np.ndarray, reader: DumpReader, opts: ReportOptions,
             names: set[str], sketch_cols: Sequence[str]) -> None:
         tokens = batch.tokens
-        self.pooled.add(tokens, weights)
+        turns = turn_index(tokens)  # one index of the batch's action turns for the accumulators below
+        self.pooled.add(tokens.replace(u=u), weights, turns=turns)  # (u: the allocator's, as icsd audit tcm)
         self.strata.add(reader, batch, weights, u)
-        self.signs.add(tokens, weights)
+        self.signs.add(tokens, weights, turns=turns)
         if self.per_step is not None:
             self.per_step.add(tokens, weights, group=_column(batch, reader, "step"))
-        self.land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None)
+        self.land.add(tokens, weights, env=_column(batch, reader, "env") if "env" in names else None, turns=turns)
         if sketch_cols:
             perm = (permutation_matrix(tokens, opts.allocator(opts.compare), opts.permutations, opts.seed)
                     if self.with_perm else None)

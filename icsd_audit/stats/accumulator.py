@@ -21,9 +21,15 @@ from icsd_audit.stats.results import (
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
 )
 from icsd_audit.tokens import Tokens, Weights
-from icsd_audit.stats.turns import ClusterIndex, GroupCodes, as_numpy, check_finite, factorize, masked
+from icsd_audit.stats.turns import (
+    ClusterIndex, GroupCodes, as_numpy, bin_sums, check_finite, check_turns, factorize, masked,
+)
 
 __all__ = ["AuditAccumulator", "midrank_bins"]
+
+
+#: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
+_HUGE_PAGE_BYTES = 4 << 20
 
 
 def _check_positive(name: str, x: Any, *, strict: bool = True) -> float:
@@ -89,13 +95,14 @@ class AuditAccumulator:
         self._ratio_moments: dict[int, list[float]] = {}
 
     # -- input
-    def add(self, tokens: Tokens, weights: Weights, *, group: Any = None) -> None:
+    def add(self, tokens: Tokens, weights: Weights, *, group: Any = None, turns: ClusterIndex | None = None) -> None:
         """Add tokens (one or several batches) and their two weightings.
 
         ``weights.base`` / ``weights.compare`` are the two non-negative weightings (e.g.
         g and c), labelled as this accumulator's names; ``tokens.u`` defaults to
         advantage * ratio * delta in float64; ``group`` is the per-token key of ``by``
-        (required when the accumulator has ``by``).
+        (required when the accumulator has ``by``); ``turns``: :func:`~icsd_audit.stats.turns.turn_index` of
+        these tokens when the caller has it (used without ``by``).
         """
         check_weight_names(weights, self.base_name, self.compare_name)
         delta, advantage, ratio = tokens.delta, tokens.advantage, tokens.ratio
@@ -139,15 +146,20 @@ class AuditAccumulator:
         m = delta_a.shape[0]
         if m == 0:
             return
-        gcode = self._groups.encode(grp) if grp is not None else np.zeros(m, dtype=np.int64)
-        cidx = ClusterIndex(batch, traj, turn, gcode) if grp is not None else ClusterIndex(batch, traj, turn)
+        gcode = self._groups.encode(grp) if grp is not None else None
+        check_turns(turns, m)
+        if grp is not None:
+            cidx = ClusterIndex(batch, traj, turn, gcode)
+        else:
+            cidx = turns if turns is not None else ClusterIndex(batch, traj, turn)
         first = cidx.first
         self._batch.append(batch[first].astype(np.int64))
-        self._group.append(gcode[first])
+        self._group.append(gcode[first] if gcode is not None else np.zeros(first.size, dtype=np.int64))
         self._ntok.append(cidx.count().astype(np.int32))
 
-        wb64 = wb.astype(np.float64)
-        wc64 = wc.astype(np.float64)
+        # (float64 views where the inputs are float64 already: nothing below writes to them)
+        wb64 = np.asarray(wb, dtype=np.float64)
+        wc64 = np.asarray(wc, dtype=np.float64)
         cols: dict[str, np.ndarray] = {}
         buf = np.empty(m, dtype=np.float64)  # the masked column of each sum (consumed at once)
 
@@ -156,7 +168,7 @@ class AuditAccumulator:
 
         dpos = delta_a > 0
         if "tcm" in self.statistics:
-            u64 = ua.astype(np.float64) if ua is not None else adv_a.astype(np.float64) * ratio_a.astype(np.float64) * delta_a.astype(np.float64)
+            u64 = np.asarray(ua, dtype=np.float64) if ua is not None else adv_a.astype(np.float64) * ratio_a.astype(np.float64) * delta_a.astype(np.float64)
             act = dpos & (np.abs(u64) > self.eps)
             neg = act & (u64 < 0)
             put("tcm_num_b", neg, wb64)
@@ -203,9 +215,9 @@ class AuditAccumulator:
                 put(f"wd_total_{side}", None, wd)
                 put(f"wd_out_{side}", outside, wd)
                 put(f"wd_flat_{side}", flat, wd)
-            r64 = ratio_a.astype(np.float64)
-            for g in (np.unique(gcode).tolist() if grp is not None else [0]):  # (no sort of m zeros)
-                rg = r64[gcode == g] if grp is not None else r64
+            r64 = np.asarray(ratio_a, dtype=np.float64)
+            for g in (np.unique(gcode).tolist() if gcode is not None else [0]):
+                rg = r64[gcode == g] if gcode is not None else r64
                 self._merge_moments(int(g), rg)
         if "shift" in self.statistics:
             sp = np.flatnonzero(dpos)
@@ -439,10 +451,14 @@ class AuditAccumulator:
                 np.fmax.at(amax, b, a)
             meta[g] = {"n_tokens": ntoks, "adv_min": amin, "adv_max": amax, "n_splus": int(c.sum())}
         self._sp = {k: [] for k in self._sp}
-        for side, s in (("b", sb), ("c", sc)):
+        # the bins' per-turn sums (bin_sums: bincount's bits). Rows under NumPy's huge-page size (4 MiB) come
+        # as one block, which gets huge pages (no page fault per 4 KB); larger rows get them on their own and
+        # stay apart, so each is freed once copied into the bootstrap's matrix (a block would stay whole)
+        rows = list(np.zeros((2 * nl, n))) if 8 * n < _HUGE_PAGE_BYTES else [np.zeros(n) for _ in range(2 * nl)]
+        for j, (side, s) in enumerate((("b", sb), ("c", sc))):
+            bin_sums(cl, s, bins, out=rows[j * nl : (j + 1) * nl])
             for i, lab in enumerate(labels):
-                sel = bins == i
-                self._cols[f"sh_{lab}_{side}"] = [np.bincount(cl[sel], weights=s[sel], minlength=n)]
+                self._cols[f"sh_{lab}_{side}"] = [rows[j * nl + i]]
         return meta
 
 

@@ -39,8 +39,9 @@ from icsd_audit.stats.bootstrap import (
     BootstrapResult, RatioBootstrapResult, RatioFamily, summarize_bootstrap, bootstrap_ratio_families,
 )
 from icsd_audit.tokens import Tokens, Weights
+from icsd_audit.stats.rank_edges import REGION_QUANTILE, unsorted_value_edges, value_edges
 from icsd_audit.stats.results import LANDSCAPE_GRID, json_float, json_key, check_names
-from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, masked
+from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, check_turns, masked
 
 __all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "LandscapeRanks", "RankEdges", "landscape",
            "RegionMultiplier", "LANDSCAPE_REGIONS", "SMOOTHING_BANDWIDTH", "REGION_QUANTILE", "smooth_intensity",
@@ -50,8 +51,6 @@ __all__ = ["LandscapeGrid", "LandscapeResult", "LandscapeAccumulator", "Landscap
 SMOOTHING_BANDWIDTH = 0.05
 #: Kernel truncation, in standard deviations.
 SMOOTHING_TRUNCATE = 3.0
-#: "Strongly" trusted / supported: scaled mid-rank at least this (the top fifth).
-REGION_QUANTILE = 0.8
 #: Region name -> its definition (docs/statistics.md); q_T, q_R = scaled mid-ranks of delta, advantage.
 LANDSCAPE_REGIONS = {
     "trusted_supported": "q_T >= 0.8 and q_R >= 0.8, delta > 0 and advantage > 0",
@@ -103,51 +102,6 @@ class RankEdges:
     zero_rank: Mapping[str, float]
 
 
-def _edges(values: np.ndarray, counts: np.ndarray | None, grid: int) -> tuple[np.ndarray, float, float]:
-    """Bin edges, region threshold and zero rank of sorted ``values`` (each with ``counts``, or once each).
-
-    Binary search over positions of the monotone f = 2 * below + equal (integers), so
-    memory stays at the sorted values themselves.
-    """
-    if counts is None:
-        n = m = values.size
-
-        def f(i: np.ndarray) -> np.ndarray:
-            x = values[i]
-            return np.searchsorted(values, x, side="left") + np.searchsorted(values, x, side="right")
-    else:
-        cum = np.cumsum(counts)
-        n, m = int(cum[-1]), values.size
-
-        def f(i: np.ndarray) -> np.ndarray:
-            return 2 * cum[i] - counts[i]
-
-    def first(cond: Any, k: int) -> np.ndarray:
-        """Per entry, the smallest index i in 0..m with cond(i) true (m if none): cond is monotone in i."""
-        lo, hi = np.zeros(k, np.int64), np.full(k, m, np.int64)
-        while (active := lo < hi).any():
-            mid = (lo + hi) // 2
-            ok = cond(np.minimum(mid, m - 1))
-            hi = np.where(active & ok, mid, hi)
-            lo = np.where(active & ~ok, mid + 1, lo)
-        return lo
-
-    def value_at(i: np.ndarray) -> np.ndarray:
-        return np.where(i < m, values[np.minimum(i, m - 1)].astype(np.float64), np.inf)
-
-    b = np.arange(1, grid, dtype=np.int64)
-    edges = value_at(first(lambda i: grid * f(i) >= 2 * n * b, b.size))
-    top = float(value_at(first(lambda i: f(i).astype(np.float64) / (2 * n) >= REGION_QUANTILE, 1))[0])
-    if counts is None:
-        z0 = values.dtype.type(0)  # (a Python 0 would convert every value to float64 first)
-        below, equal = np.searchsorted(values, z0, side="left"), np.searchsorted(values, z0, side="right")
-    else:
-        below = int(counts[values < 0].sum())
-        equal = int(counts[values == 0].sum()) + below
-    zero = (float(below) + 0.5 * float(equal - below)) / n
-    return edges, top, zero
-
-
 class LandscapeRanks:
     """The first pass of the landscape: each environment's delta and advantage values, then exact bin edges.
 
@@ -187,14 +141,13 @@ class LandscapeRanks:
             parts = self._delta.pop(key)
             d = np.concatenate(parts) if len(parts) > 1 else parts[0]
             del parts
-            d.sort()
-            de, dtop, dzero = _edges(d, None, self.grid)
+            de, dtop, dzero = unsorted_value_edges(d, self.grid)  # (d is ours: it is overwritten)
             n = d.size
             del d
             av = self._adv.pop(key)
             vals, inv = np.unique(np.concatenate([v for v, _ in av]), return_inverse=True)
             cnt = np.bincount(inv.reshape(-1), weights=np.concatenate([c for _, c in av]), minlength=vals.size)
-            ae, atop, azero = _edges(vals, cnt.astype(np.int64), self.grid)
+            ae, atop, azero = value_edges(vals, cnt.astype(np.int64), self.grid)
             out[key] = RankEdges(n=n, delta=de, advantage=ae, delta_top=dtop, advantage_top=atop,
                                  zero_rank={"delta": dzero, "advantage": azero})
         return out
@@ -334,8 +287,12 @@ class LandscapeAccumulator:
         self._turn: dict[str, list[np.ndarray]] = {k: [] for k in ("batch", "env", "sums")}
         self._G2 = G2
 
-    def add(self, tokens: Tokens, weights: Weights, *, env: Any = None) -> None:
-        """Add the tokens of one or more batches and their weightings (``env`` for all batches or none)."""
+    def add(self, tokens: Tokens, weights: Weights, *, env: Any = None, turns: ClusterIndex | None = None) -> None:
+        """Add the tokens of one or more batches and their weightings (``env`` for all batches or none).
+
+        ``turns``: the action turns of the valid rows, :func:`~icsd_audit.stats.turns.turn_index` of these
+        tokens, when the caller has them (the report shares one per batch between its accumulators).
+        """
         check_weight_names(weights, self.base_name, self.compare_name)
         d = as_numpy(tokens.delta, "delta")
         n = d.shape[0]
@@ -364,11 +321,12 @@ class LandscapeAccumulator:
         self._rows += n
         if d.size == 0:
             return
-        part = (d, a, wb.astype(np.float64), wc.astype(np.float64), e, bid, tid, uid)
-        if self.ranks is None:
-            self._pending.append(part)
+        if self.ranks is None:  # (kept until the edges are known: copies, not the caller's arrays)
+            self._pending.append((d, a, wb.astype(np.float64), wc.astype(np.float64), e, bid, tid, uid))
         else:
-            self._reduce(*part)
+            check_turns(turns, d.size)
+            self._reduce(d, a, np.asarray(wb, dtype=np.float64), np.asarray(wc, dtype=np.float64), e, bid, tid, uid,
+                         turns=turns)
 
     def merge(self, part: "LandscapeAccumulator") -> None:
         """Append ``part``, an accumulator of the same grid and rank edges holding one batch, after the batches here.
@@ -394,14 +352,14 @@ class LandscapeAccumulator:
         self._rows += part._rows
 
     def _reduce(self, d: np.ndarray, a: np.ndarray, wb: np.ndarray, wc: np.ndarray, e: np.ndarray | None,
-                bid: np.ndarray, tid: np.ndarray, uid: np.ndarray) -> None:
-        """Cell sums and per-turn region sums of one batch's valid tokens."""
+                bid: np.ndarray, tid: np.ndarray, uid: np.ndarray, turns: ClusterIndex | None = None) -> None:
+        """Cell sums and per-turn region sums of one batch's valid tokens (``turns``: their turns, if known)."""
         G = self.grid
         keys = [None] if e is None else [k.item() if hasattr(k, "item") else k for k in np.unique(e)]
         cell = np.empty(d.size, np.int64)
         ts = np.empty(d.size, bool)
         to = np.empty(d.size, bool)
-        ecode = np.zeros(d.size, np.int64)
+        ecode = np.zeros(d.size, np.int64) if e is not None else None
         for code, key in enumerate(keys):
             sel = slice(None) if e is None else (e == key)
             r = self.ranks.get(key) if self.ranks is not None else None
@@ -412,20 +370,29 @@ class LandscapeAccumulator:
             top = dk >= r.delta_top
             ts[sel] = top & (ak >= r.advantage_top) & (dk > 0) & (ak > 0)
             to[sel] = top & (dk > 0) & (ak < 0)
-            ecode[sel] = code
+            if ecode is not None:
+                ecode[sel] = code
             c = cell[sel]
             acc = self._cells.setdefault(key, np.zeros((3, self._G2)))
             acc[0] += np.bincount(c, minlength=self._G2)
             acc[1] += np.bincount(c, weights=wb[sel], minlength=self._G2)
             acc[2] += np.bincount(c, weights=wc[sel], minlength=self._G2)
             self._region_tokens[key] = self._region_tokens.get(key, 0) + np.array([ts[sel].sum(), to[sel].sum()])
-        one = np.ones(d.size)
-        cols = [one, wb, wc] + [masked(x, m) for m in (ts, to) for x in (one, wb, wc)]
-        cid = ClusterIndex(bid, tid, uid, ecode) if e is not None else ClusterIndex(bid, tid, uid)
+        if ecode is not None:
+            cid = ClusterIndex(bid, tid, uid, ecode)
+        elif turns is not None:
+            cid = turns
+        else:
+            cid = ClusterIndex(bid, tid, uid)
+        # a count as float64 is the bits of the sum of as many 1.0s (integers add exactly), without their arrays
+        buf = np.empty(d.size, dtype=np.float64)
+        sums = [cid.count().astype(np.float64), cid.sum(wb), cid.sum(wc)]
+        for m in (ts, to):
+            sums += [cid.count_where(m).astype(np.float64), cid.sum(masked(wb, m, buf)), cid.sum(masked(wc, m, buf))]
         self._turn["batch"].append(bid[cid.first])
         self._turn["env"].append(np.array(keys, dtype=object)[ecode[cid.first]] if e is not None
                                  else np.zeros(cid.n, np.int64))
-        self._turn["sums"].append(np.stack([cid.sum(c) for c in cols]))
+        self._turn["sums"].append(np.stack(sums))
 
     def _flush(self) -> None:
         """Without a first pass: edges from the kept batches, then their reduction (in input order)."""

@@ -20,7 +20,7 @@ Intervals: SPEC 7's action-turn bootstrap on the shared machinery
 and their batches are those of :class:`~icsd_audit.stats.accumulator.AuditAccumulator`, so the
 resamples are the ones every statistic of the audit reads and the statistic (named ``signs``)
 has one interval whichever command computes it.  The accumulator keeps per-turn float64 sums
-(4 + 4 per weighting), merged by concatenation in batch order (SPEC 12).
+(3 + 4 per weighting), merged by concatenation in batch order (SPEC 12).
 
 Pure numpy.
 """
@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families
-from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, masked
+from icsd_audit.stats.turns import ClusterIndex, as_numpy, check_finite, check_turns, masked
 from icsd_audit.tokens import Tokens, Weights
 
 __all__ = ["SIGNS", "STATISTIC", "SignSplit", "SignSharesResult", "SignSharesAccumulator", "sign_shares",
@@ -44,8 +44,14 @@ __all__ = ["SIGNS", "STATISTIC", "SignSplit", "SignSharesResult", "SignSharesAcc
 SIGNS = ("positive", "negative", "zero")
 #: the statistic's name (the stem of its bootstrap columns' names)
 STATISTIC = "signs"
-#: per-turn columns per weighting (and for the token count): delta > 0, delta < 0, delta = 0, all
+#: per-turn columns per weighting: delta > 0, delta < 0, delta = 0, all (the token count has the first three:
+#: its total is their sum, exactly)
 _PER = 4
+
+
+def _row(k: int, r: int) -> int:
+    """Row of sign r (3: all) of weighting k (0: the token count) in the per-turn sums."""
+    return r if k == 0 else 3 + _PER * (k - 1) + r
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ def weightings_of(weights: Weights | Mapping[str, Any]) -> dict[str, Any]:
 class SignSharesAccumulator:
     """Per-turn sums of the sign split of the tokens and of each weighting's mass; one bootstrap at the end.
 
-    ``names``: the weightings' labels, the reference first.  Memory: 4 + 4 x len(names)
+    ``names``: the weightings' labels, the reference first.  Memory: 3 + 4 x len(names)
     floats per action turn.
     """
 
@@ -173,8 +179,11 @@ class SignSharesAccumulator:
         self._rows = 0
         self._batch_final: np.ndarray | None = None
 
-    def add(self, tokens: Tokens, weights: Weights | Mapping[str, Any]) -> None:
-        """Add tokens (one or several batches) and their weightings (labels as given to the constructor)."""
+    def add(self, tokens: Tokens, weights: Weights | Mapping[str, Any], *, turns: ClusterIndex | None = None) -> None:
+        """Add tokens (one or several batches) and their weightings (labels as given to the constructor).
+
+        ``turns``: :func:`~icsd_audit.stats.turns.turn_index` of these tokens when the caller has it.
+        """
         w = weightings_of(weights)
         if tuple(w) != self.names:
             raise ValueError(f"weights are labelled ({', '.join(w)}) but the accumulator holds "
@@ -201,19 +210,24 @@ class SignSharesAccumulator:
         self._rows += n
         if delta.shape[0] == 0:
             return
-        cidx = ClusterIndex(batch, traj, turn)  # the clusters, and their order, of AuditAccumulator
+        check_turns(turns, delta.shape[0])
+        # the clusters, and their order, of AuditAccumulator
+        cidx = turns if turns is not None else ClusterIndex(batch, traj, turn)
         pos, neg = delta > 0, delta < 0
         zero = ~(pos | neg)
-        out = np.empty((_PER * (1 + len(ws)), cidx.n), dtype=np.float64)
+        out = np.empty((3 + _PER * len(ws), cidx.n), dtype=np.float64)
         for r, mask in enumerate((pos, neg, zero)):
             out[r] = cidx.count_where(mask)
-        out[3] = cidx.count()
         buf = np.empty(delta.shape[0], dtype=np.float64)
+        has_zero = bool(zero.any())  # (usually not: the zero rows' sums are then +0.0, as masked sums give)
         for k, a in enumerate(ws, start=1):
-            a64 = a.astype(np.float64)
+            a64 = np.asarray(a, dtype=np.float64)
             for r, mask in enumerate((pos, neg, zero)):
-                out[_PER * k + r] = cidx.sum(masked(a64, mask, out=buf))
-            out[_PER * k + 3] = cidx.sum(a64)
+                if r == 2 and not has_zero:
+                    out[_row(k, r)] = 0.0
+                else:
+                    out[_row(k, r)] = cidx.sum(masked(a64, mask, out=buf))
+            out[_row(k, 3)] = cidx.sum(a64)
         self._sums.append(out)
         self._batch.append(batch[cidx.first].astype(np.int64))
         self._counts += np.array([pos.sum(), neg.sum(), zero.sum()], dtype=np.int64)
@@ -235,18 +249,21 @@ class SignSharesAccumulator:
         return ratios + diffs
 
     def family(self) -> RatioFamily:
-        """The bootstrap request: per-turn columns (turns x (4 + 4 per weighting)), ratios then differences."""
+        """The bootstrap request: per-turn columns (turns x (3 + 4 per weighting)), ratios then differences."""
         if not self._sums:
             raise ValueError("no valid tokens to audit")
         M = np.concatenate(self._sums, axis=1)
         self._sums = [M]
         self._batch_final = np.concatenate(self._batch)
-        num, den = [], []
-        for k in range(1 + len(self.names)):
-            num += [_PER * k + r for r in range(3)]
-            den += [_PER * k + 3] * 3
+        # the token count's total is its three signs' counts added (column M.shape[0], no product of its own):
+        # integers, so the same bits as a count column's own product, and a dense column less to multiply
+        num, den = [0, 1, 2], [M.shape[0]] * 3
+        for k in range(1, 1 + len(self.names)):
+            num += [_row(k, r) for r in range(3)]
+            den += [_row(k, 3)] * 3
         diffs = [(3 * k + r, r + 3) for k in range(2, 1 + len(self.names)) for r in range(3)]
-        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names())
+        return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names(),
+                           totals=[[0, 1, 2]])
 
     def results(self, raw: RatioBootstrapResult, *, unit: str = "action-turn") -> SignSharesResult:
         """The result object from the bootstrap of :meth:`family`."""

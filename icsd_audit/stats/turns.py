@@ -12,11 +12,12 @@ Pure numpy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["as_numpy", "check_finite", "ClusterIndex", "factorize", "GroupCodes", "masked"]
+__all__ = ["as_numpy", "bin_sums", "check_finite", "check_turns", "ClusterIndex", "factorize", "GroupCodes",
+           "masked", "turn_index"]
 
 
 def as_numpy(x: Any, name: str, n: int | None = None) -> np.ndarray:
@@ -172,6 +173,43 @@ class ClusterIndex:
         if self.inv is None:
             return np.diff(np.concatenate([self.starts, [self.n_rows]]))
         return np.bincount(self.inv, minlength=self.n)
+
+
+def turn_index(tokens: Any) -> ClusterIndex:
+    """The action turns (batch_id, traj_id, turn_id) of the valid rows of ``tokens``, in row order.
+
+    What every accumulator builds from a batch on its own; a caller feeding one batch to several of
+    them builds it once and passes it as their ``turns`` (the same index, so the same sums).
+    """
+    traj = as_numpy(tokens.traj_id, "traj_id")
+    n = traj.shape[0]
+    turn = as_numpy(tokens.turn_id, "turn_id", n)
+    batch = np.zeros(n, dtype=np.int64) if tokens.batch_id is None else as_numpy(tokens.batch_id, "batch_id", n)
+    if tokens.valid is not None:
+        keep = as_numpy(tokens.valid, "valid", n).astype(bool)
+        if not keep.all():
+            rows = np.flatnonzero(keep)
+            batch, traj, turn = batch[rows], traj[rows], turn[rows]
+    return ClusterIndex(batch, traj, turn)
+
+
+def check_turns(turns: ClusterIndex | None, n_valid: int) -> None:
+    """A caller's ``turns`` must index the rows it is given with (the valid rows: ``n_valid``)."""
+    if turns is not None and turns.n_rows != n_valid:
+        raise ValueError(f"turns index {turns.n_rows} rows, but the tokens have {n_valid} valid rows")
+
+
+def bin_sums(cluster: np.ndarray, values: np.ndarray, bins: np.ndarray, *, out: Sequence[np.ndarray]) -> None:
+    """``out[i][:] = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=out[i].size)`` for every
+    bin i, the same bits; each ``out[i]`` zeros on entry.  Where the cluster ids strictly increase (each cluster
+    once) a sum is its one value added to 0.0, as bincount adds it, put in place."""
+    once = cluster.size < 2 or bool((cluster[1:] > cluster[:-1]).all())
+    for i, row in enumerate(out):
+        sel = bins == i
+        if once:
+            row[cluster[sel]] = values[sel] + 0.0
+        else:
+            row[:] = np.bincount(cluster[sel], weights=values[sel], minlength=row.size)
 
 
 class GroupCodes:

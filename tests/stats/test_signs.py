@@ -137,3 +137,20 @@ def test_a_weighting_with_no_mass_is_undefined_with_the_reason() -> None:
     res = sign_shares(tokens, {"opsd": w["opsd"], "sdar": np.zeros(len(tokens))}, n_resamples=20, rng=0)
     assert res.undefined == "sdar puts no mass on any valid token"
     assert res.to_dict()["shares"]["sdar"]["positive"]["estimate"] is None
+
+
+def test_the_token_total_as_its_signs_counts_added_is_the_counts_own_product() -> None:
+    """The family's token denominator is the three sign counts' resampled sums added (no product of its own):
+    integer counts add exactly, so every value is the bits of the family with the count column multiplied."""
+    from dataclasses import replace
+
+    tokens, w = _tokens(seed=5, n_batches=4)
+    acc = SignSharesAccumulator(names=tuple(w))
+    acc.add(tokens, w)
+    fam = acc.family()
+    assert list(fam.totals) == [[0, 1, 2]] and list(fam.denominator_index[:3]) == [fam.sums.shape[1]] * 3
+    count = np.asarray(fam.sums)[:, :3].sum(axis=1)  # the token count's own column (integers: exact)
+    own = replace(fam, sums=np.column_stack([np.asarray(fam.sums), count]), totals=())
+    got, want = bootstrap_ratio_families([fam, own], n_resamples=400, rng=3, keep_replicates=True)
+    for field in ("estimate", "ci_low", "ci_high", "standard_error", "replicates"):
+        assert np.array_equal(getattr(got, field), getattr(want, field), equal_nan=True), field

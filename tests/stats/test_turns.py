@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from icsd_audit.stats.accumulator import _splus_clusters
 from icsd_audit.stats.turns import ClusterIndex, factorize, masked
@@ -51,3 +52,66 @@ def test_splus_clusters_equal_the_two_key_clusters():
         assert got.n == ref.n and np.array_equal(got.first, ref.first)
         assert got.sum(vv).tobytes() == ref.sum(vv).tobytes()
         assert np.array_equal(got.count(), ref.count())
+
+
+def _shared_turns_tokens(shuffled: bool):
+    from icsd_audit.tokens import Tokens, Weights
+
+    rng = np.random.default_rng(11)
+    n = 600
+    traj = np.repeat(np.arange(50), 12)
+    turn = np.tile(np.repeat([0, 1, 2], 4), 50)
+    order = rng.permutation(n) if shuffled else np.arange(n)  # shuffled: turns are not runs (the sorted path)
+    adv = np.repeat(rng.normal(size=150), 4)[order]
+    delta = rng.normal(size=n)
+    delta[rng.choice(n, 9, replace=False)] = 0.0
+    tokens = Tokens(advantage=adv, ratio=rng.uniform(0.5, 1.6, n), delta=delta, traj_id=traj[order],
+                    turn_id=turn[order], batch_id=np.repeat([3, 4], n // 2), valid=rng.random(n) > 0.15)
+    return tokens, Weights(rng.random(n), rng.random(n) * 2, base_name="sdar", compare_name="icsd")
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_shared_turn_index_gives_every_accumulator_the_same_sums(shuffled: bool) -> None:
+    """turn_index(tokens) passed as ``turns`` to the audit, sign and landscape accumulators: the same per-turn
+    sums, bit for bit, as each building its own index (what the report's stream relies on)."""
+    from icsd_audit.stats.accumulator import AuditAccumulator
+    from icsd_audit.stats.landscape import LandscapeAccumulator, LandscapeRanks
+    from icsd_audit.stats.signs import SignSharesAccumulator
+    from icsd_audit.stats.turns import turn_index
+
+    tokens, w = _shared_turns_tokens(shuffled)
+    turns = turn_index(tokens)
+    assert turns.n_rows == int(tokens.valid.sum())
+    ranks = LandscapeRanks(grid=5)
+    ranks.add(tokens.delta, tokens.advantage, valid=tokens.valid)
+    edges = ranks.finalize()
+    for make in (lambda: AuditAccumulator(), lambda: SignSharesAccumulator(names=("sdar", "icsd")),
+                 lambda: LandscapeAccumulator(grid=5, ranks=edges)):
+        own, shared = make(), make()
+        own.add(tokens, w)
+        shared.add(tokens, w, turns=turns)
+        fo, fs = ([own.family()], [shared.family()]) if isinstance(own, SignSharesAccumulator) else (
+            [f for _, f in own.families()], [f for _, f in shared.families()])
+        assert len(fo) == len(fs) >= 1
+        for a, b in zip(fo, fs):
+            assert np.array_equal(np.asarray(a.sums), np.asarray(b.sums)) and np.array_equal(a.strata, b.strata)
+        with pytest.raises(ValueError, match="valid rows"):
+            make().add(tokens, w, turns=ClusterIndex(np.zeros(3, np.int64)))
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_bin_sums_are_bincounts(once: bool) -> None:
+    """The share shift's per-turn bin sums: bincount's bits, with each cluster once (put in place, -0.0 made +0.0
+    as 0.0 + -0.0 is) and with clusters repeated (summed in order)."""
+    from icsd_audit.stats.turns import bin_sums
+
+    rng = np.random.default_rng(4)
+    cluster = np.sort(rng.choice(5000, 900, replace=False)) if once else np.sort(rng.integers(0, 5000, 900))
+    values = rng.random(900) * 1e3
+    values[::7] = -0.0
+    bins = rng.integers(0, 11, 900)
+    got = np.zeros((11, 5000))
+    bin_sums(cluster, values, bins, out=list(got))
+    for i in range(11):
+        want = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=5000)
+        assert np.array_equal(got[i].view(np.int64), want.view(np.int64)), i  # (the bits, signs of zeros included)
