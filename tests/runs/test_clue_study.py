@@ -133,3 +133,22 @@ def test_the_audit_rows_are_the_shipped_reports_summaries():
             assert m, cell
             want = [100 * tcm[key][k] for k in ("estimate", "ci_low", "ci_high")]
             assert all(abs(float(g) - w) <= 0.05 + 1e-9 for g, w in zip(m.groups(), want)), (cell, want)
+
+
+def test_the_sign_of_delta_rows_are_the_shipped_reports_signs():
+    """'| sign-of-Δ audit | ... |': each report's summary.json "signs" (the deployed SDAR weighting is the reference)."""
+    folders = {"0, 10, ..., 190": "", "0, 10, ..., 40": "-first41"}
+    rows = _rows("sign-of-Δ audit")
+    assert len(rows) == 4
+    for r in rows:
+        acc = re.fullmatch(r"sdar-seed0, clue accuracy (\S+)", r[0]).group(1)
+        signs = json.loads((EXAMPLE / f"audit-sdar-acc{acc}{folders[r[1]]}" / "summary.json").read_text())["signs"]
+        assert signs["reference"] == "sdar"
+        assert int(r[2].replace(",", "")) == signs["tokens"]["positive"]
+        stats = (signs["token_share"]["positive"], signs["shares"]["sdar"]["positive"],
+                 signs["shares"]["icsd"]["positive"], signs["diff"]["icsd"]["positive"])
+        for cell, stat in zip(r[3:7], stats):
+            m = re.fullmatch(r"(-?\d+\.\d) (?:%|pp) \[(-?\d+\.\d), (-?\d+\.\d)\]", cell)
+            assert m, cell
+            want = [100 * stat[k] for k in ("estimate", "ci_low", "ci_high")]
+            assert all(abs(float(g) - w) <= 0.05 + 1e-9 for g, w in zip(m.groups(), want)), (cell, want)
