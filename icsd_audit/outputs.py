@@ -260,13 +260,35 @@ def staging_dir(target: str | Path, kind: str) -> Path:
 
 @contextlib.contextmanager
 def temp_dir(target: str | Path, kind: str = "tmp") -> Iterator[Path]:
-    """A hidden scratch directory next to ``target`` (same file system), removed on exit and on SIGTERM."""
-    tmp = _mkdtemp(Path(target), kind)
-    try:
-        with terminate_cleanly():
+    """A hidden scratch directory next to ``target`` (same file system), removed on exit and on SIGTERM.
+
+    SIGTERM is held while the directory is made (main thread), so a signal that arrives then is taken
+    inside the ``try`` whose ``finally`` removes it, never between its creation and that ``try``.
+    """
+    with terminate_cleanly():
+        held = _hold_sigterm()
+        try:
+            tmp = _mkdtemp(Path(target), kind)
+        except BaseException:
+            _release_sigterm(held)
+            raise
+        try:
+            _release_sigterm(held)
             yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _hold_sigterm() -> set[signal.Signals] | None:
+    """Block SIGTERM in the main thread (a pending one is delivered on release): the mask it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm(previous: set[signal.Signals] | None) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextlib.contextmanager

@@ -229,6 +229,29 @@ def test_sigterm_removes_the_scratch_directory(big: Path, tmp_path: Path) -> Non
     assert not scratch.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_sigterm_while_the_scratch_is_being_made_still_removes_it(tmp_path: Path, monkeypatch) -> None:
+    """The signal lands right after the directory exists, before ``temp_dir`` yields: held until the
+    ``try`` that removes it, so the process exits 143 and leaves nothing (a SIGTERM there used to kill
+    the process with the directory left behind)."""
+    from icsd_audit import outputs
+
+    made: list[Path] = []
+    real = outputs._mkdtemp
+
+    def make_then_signal(target: Path, kind: str) -> Path:
+        made.append(real(target, kind))
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made[-1]
+
+    monkeypatch.setattr(outputs, "_mkdtemp", make_then_signal)
+    with pytest.raises(SystemExit) as exc:
+        with outputs.temp_dir(tmp_path / "c.parquet", "coeffs"):
+            pass
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert made and not made[0].exists() and list(tmp_path.iterdir()) == []
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # the mask is as before
+
+
 def test_kill_9_leftovers_are_skipped_by_readers_and_removed_by_the_next_run(big: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "o"
     out_dir.mkdir()
