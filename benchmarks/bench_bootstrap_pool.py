@@ -1,7 +1,7 @@
 """Benchmark: the bootstrap's block engine on icsd's own fork pool vs concurrent.futures' process pool.
 
-The same engine (:mod:`icsd_audit.stats.resample`), the same work units, three ways:
-one process; ``workers`` processes of :class:`icsd_audit.stats.forked.ForkedBlocks`
+The same engine (:mod:`icsd_audit.stats.engine.resample`), the same work units, three ways:
+one process; ``workers`` processes of :class:`icsd_audit.stats.engine.forked.ForkedBlocks`
 (the parent computes too, children fork once and share a pipe queue); and
 ``concurrent.futures.ProcessPoolExecutor`` with the fork context (``workers`` children,
 the engine inherited through the initializer, units handed out by ``map``). Prints the
@@ -21,8 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from icsd_audit.stats.resample import SPAN, Family, Layout, _Engine
-from icsd_audit.stats.forked import ForkedBlocks
+from icsd_audit.stats.engine.resample import SPAN, Family, Layout, _Engine
+from icsd_audit.stats.engine.forked import ForkedBlocks
 
 _ENGINE: _Engine | None = None
 

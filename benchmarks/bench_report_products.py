@@ -75,8 +75,8 @@ def main() -> None:
         return widths()
     if args.dumps is None:
         ap.error("DUMPS is needed (or --widths)")
-    from icsd_audit.stats import resample as R
-    from icsd_audit.stats.forked import BlasThreads
+    from icsd_audit.stats.engine import resample as R
+    from icsd_audit.stats.engine.forked import BlasThreads
     from icsd_audit.stats.bootstrap import _prepare  # (a benchmark may look inside)
 
     fams = capture_families(args.dumps)
@@ -161,7 +161,7 @@ def fused_experiment(R: Any, lay: Any, F: list[Any], seed: Any, args: argparse.N
 
 def widths() -> None:
     """Columns 0..5 of a (P x 2048) @ (4 x 2048 x 16) product against the same columns in a product of 6."""
-    from icsd_audit.stats.forked import BlasThreads
+    from icsd_audit.stats.engine.forked import BlasThreads
 
     rng = np.random.default_rng(1)
     X = rng.standard_normal((40, 2048)) * np.exp(5 * rng.standard_normal((40, 1)))

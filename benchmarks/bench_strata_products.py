@@ -25,11 +25,11 @@ from icsd_audit.audit.strata import covariate_sample
 from icsd_audit.dumps.reader import DumpReader
 from icsd_audit.stats.accumulator import AuditAccumulator
 from icsd_audit.stats.bootstrap import _prepare
-from icsd_audit.stats.counts import block_counts, block_generator
-from icsd_audit.stats.forked import BlasThreads
-from icsd_audit.stats.resample import BLOCK, SUPER, Family, Layout, _Engine, stream_seed
+from icsd_audit.stats.engine.counts import block_counts, block_generator
+from icsd_audit.stats.engine.forked import BlasThreads
+from icsd_audit.stats.engine.resample import BLOCK, SUPER, Family, Layout, _Engine, stream_seed
 from icsd_audit.stats.results import StrataSpec
-from icsd_audit.stats.segments import SegmentedFamily
+from icsd_audit.stats.engine.segments import SegmentedFamily
 from icsd_audit.stats.strata import StrataAccumulator, covariate_values, strata_edges
 
 

@@ -1,7 +1,7 @@
 """Benchmark: what moving every resample's partial sums onto batch workers would cost, with today's stream.
 
 SPEC 7's stream draws, per block of 16 resamples, one random word per turn in layout order across every batch
-(:mod:`icsd_audit.stats.counts`), so a batch's counts in a block depend on the draws of the batches before it. A
+(:mod:`icsd_audit.stats.engine.counts`), so a batch's counts in a block depend on the draws of the batches before it. A
 batch worker that keeps the stream must draw the whole block's counts (every cluster) and multiply only its own
 clusters. This prints, per cluster and resample (CPU time of this process: the box is shared):
 
@@ -24,9 +24,9 @@ import time
 
 import numpy as np
 
-from icsd_audit.stats.counts import BLOCK, block_counts, block_generator
-from icsd_audit.stats.forked import ForkedBlocks
-from icsd_audit.stats.resample import SPAN, SUPER, Family, Layout, _Engine
+from icsd_audit.stats.engine.counts import BLOCK, block_counts, block_generator
+from icsd_audit.stats.engine.forked import ForkedBlocks
+from icsd_audit.stats.engine.resample import SPAN, SUPER, Family, Layout, _Engine
 
 
 def _cpu() -> float:

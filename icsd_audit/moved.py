@@ -48,7 +48,11 @@ MOVED: dict[str, str] = {
     "icsd_audit.dumps.settings": "icsd_audit.audit.settings",
     "icsd_audit.dumps.coeffs": "icsd_audit.audit.coeffs",
     "icsd_audit.dumps.verify": "icsd_audit.audit.verify",
-    "icsd_audit.stats.blas": "icsd_audit.stats.forked",
+    "icsd_audit.stats.blas": "icsd_audit.stats.engine.forked",
+    "icsd_audit.stats.resample": "icsd_audit.stats.engine.resample",
+    "icsd_audit.stats.counts": "icsd_audit.stats.engine.counts",
+    "icsd_audit.stats.segments": "icsd_audit.stats.engine.segments",
+    "icsd_audit.stats.forked": "icsd_audit.stats.engine.forked",
 }
 
 

@@ -157,7 +157,7 @@ def ray_parts(part: Callable[..., Any], paths: Sequence[Any], args: tuple, batch
 
 
 class RayUnits:
-    """The bootstrap's work units as Ray tasks (a :data:`~icsd_audit.stats.resample.UnitRunner`): the engine (the
+    """The bootstrap's work units as Ray tasks (a :data:`~icsd_audit.stats.engine.resample.UnitRunner`): the engine (the
     per-turn sums of every family) goes to the object store once per engine, each unit is one task, results come
     back in unit order."""
 
@@ -178,7 +178,7 @@ class RayUnits:
 
 def _run_unit(engine: Any, unit: int) -> Any:
     """One work unit's resampled sums, OpenBLAS on one thread as in the driver's own pool."""
-    from icsd_audit.stats.forked import BlasThreads
+    from icsd_audit.stats.engine.forked import BlasThreads
 
     with BlasThreads(1):
         return engine.block(unit)
@@ -187,7 +187,7 @@ def _run_unit(engine: Any, unit: int) -> Any:
 @contextlib.contextmanager
 def ray_bootstrap(address: str | None = None, workers: int = 1) -> Iterator[Any]:
     """:func:`ray_session`, and inside it the bootstrap's work units as Ray tasks (:class:`RayUnits`)."""
-    from icsd_audit.stats.resample import unit_runner
+    from icsd_audit.stats.engine.resample import unit_runner
 
     with ray_session(address, workers) as ray, unit_runner(RayUnits(ray)):
         yield ray

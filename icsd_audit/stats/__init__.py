@@ -5,8 +5,8 @@ and the landscape, with action-turn bootstrap intervals.
 - :mod:`~icsd_audit.stats.accumulator` -- :class:`AuditAccumulator`, batch by batch, one
   set of resamples for every statistic;
 - :mod:`~icsd_audit.stats.turns` -- per-turn sufficient statistics;
-- :mod:`~icsd_audit.stats.bootstrap` and :mod:`~icsd_audit.stats.resample` -- the bootstrap
-  engine (:mod:`~icsd_audit.stats.forked`: its worker processes, and BLAS threads pinned);
+- :mod:`~icsd_audit.stats.bootstrap` and :mod:`~icsd_audit.stats.engine.resample` -- the bootstrap
+  engine (:mod:`~icsd_audit.stats.engine.forked`: its worker processes, and BLAS threads pinned);
 - :mod:`~icsd_audit.stats.landscape` -- the joint mid-rank grid;
 - :mod:`~icsd_audit.stats.results` -- frozen result objects and their JSON;
 - :mod:`~icsd_audit.stats.signs` -- the share of mass by the sign of delta (needs no advantage);

@@ -13,7 +13,7 @@ Two resampling units:
   keeping its own number of turns.  The multiplicities of one stratum are exactly
   Multinomial(n_s, 1/n_s); they are drawn with a fast exact sampler (Poissonization
   with an exact correction, four resamples per 16-bit lookup; see
-  :mod:`icsd_audit.stats.resample` and ``docs/statistics.md``), processed in blocks of
+  :mod:`icsd_audit.stats.engine.resample` and ``docs/statistics.md``), processed in blocks of
   :data:`BLOCK` resamples, each block from its own child generator, so results do not
   depend on ``chunk_size`` (memory) nor on how many resamples share a chunk.  The counts
   are a function of the seed and the layout (stratum sizes) alone, and each statistic
@@ -42,8 +42,8 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from icsd_audit.stats.budget import check_families
-from icsd_audit.stats.segments import SegmentedFamily, segment_rows
-from icsd_audit.stats.resample import (
+from icsd_audit.stats.engine.segments import SegmentedFamily, segment_rows
+from icsd_audit.stats.engine.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
 )
 
@@ -339,7 +339,7 @@ class RatioFamily:
     label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
     of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
     point and resampled sums are its parts' added in order, with no product of its own.
-    ``column_groups``, ``tied``: bins and (numerator, denominator) pairs (:mod:`icsd_audit.stats.segments`).
+    ``column_groups``, ``tied``: bins and (numerator, denominator) pairs (:mod:`icsd_audit.stats.engine.segments`).
     """
 
     sums: Any

@@ -222,7 +222,7 @@ class StrataAccumulator:
         each TCM numerator is tied to its denominator (the numerator of a turn is its
         denominator where the turn's active tokens all have u < 0, 0 where they all have u > 0),
         so the engine multiplies a bin only over the turns that reach it, and a numerator only
-        on turns of mixed signs (:class:`~icsd_audit.stats.segments.SegmentedFamily`).  The
+        on turns of mixed signs (:class:`~icsd_audit.stats.engine.segments.SegmentedFamily`).  The
         columns are gathered into one (columns x turns) float64 matrix, each batch's piece
         released once copied, and handed over as its transpose (a view, which the bootstrap
         takes without a copy): about 8 bytes per turn per column, and as much again for the

@@ -70,7 +70,7 @@ def test_many_narrow_groups_sum_only_their_own_clusters():
 def test_tuple_lookup_is_the_nested_poisson_inverse_cdf(level):
     # one 16-bit bucket (+ a double where it straddles a step) gives TUPLE Poisson counts:
     # compare with the inverse CDF taken coordinate by coordinate (scipy's Poisson CDF)
-    from icsd_audit.stats.counts import TUPLE, _level
+    from icsd_audit.stats.engine.counts import TUPLE, _level
 
     lv = _level(level)
     lam = 0.0 if level == 0 else 1 - 3 * 2 ** (-level / 2)
@@ -97,7 +97,7 @@ def test_tuple_lookup_is_the_nested_poisson_inverse_cdf(level):
 
 def _all_tuples(F):
     """Reference: every tuple of counts 0..K-1, lexicographic, its nested CDF made monotone, zero widths dropped."""
-    from icsd_audit.stats.resample import TUPLE
+    from icsd_audit.stats.engine.resample import TUPLE
 
     k = len(F)
     p = np.diff(np.concatenate([[0.0], F]))
@@ -116,7 +116,7 @@ def test_tuple_table_skips_counts_without_mass_exactly():
     # where the Poisson CDF's partial sums stall one ulp below 1 (level 7: 60 terms, 18 with
     # mass) the table enumerates only counts of positive probability; the tuples kept and
     # their CDF values must be the bits of the full enumeration (which takes ~890 MB at 60 terms)
-    from icsd_audit.stats.counts import _SLACK, _poisson_cdf, _tuples
+    from icsd_audit.stats.engine.counts import _SLACK, _poisson_cdf, _tuples
 
     F7 = _poisson_cdf(1 - _SLACK * 2 ** (-7 / 2))
     assert len(F7) == 60 and (np.diff(F7)[17:58] == 0).all()  # the stall this guards against
@@ -175,7 +175,7 @@ def test_gathered_parts_agree_with_dense_products(monkeypatch):
     # Reference: the counts themselves (S = identity) times the sums, group by group; and the same family with every
     # column dense.  Both agree to rounding only: which columns are gathered changes the order of the additions, so
     # it is part of the numbers (it depends on the family's own sums alone: one interval per statistic, SPEC 7).
-    from icsd_audit.stats import resample
+    from icsd_audit.stats.engine import resample
 
     rng = np.random.default_rng(4)
     sizes, n = [1000, 600, 800], 2400

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from icsd_audit.stats.forked import ForkedBlocks, fork_available
-from icsd_audit.stats.resample import BLOCK, resampled_sums
+from icsd_audit.stats.engine.forked import ForkedBlocks, fork_available
+from icsd_audit.stats.engine.resample import BLOCK, resampled_sums
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="forked workers run on Linux only")
 

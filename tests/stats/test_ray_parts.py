@@ -28,7 +28,7 @@ from icsd_audit.audit.strata import run_strata
 from icsd_audit.audit.verify import verify_dumps
 from icsd_audit.dumps.synth import synth_tokens
 from icsd_audit.dumps.writer import DumpWriter
-from icsd_audit.stats.resample import unit_runner
+from icsd_audit.stats.engine.resample import unit_runner
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "cpu-demo" / "dumps"
 MODE = "batch order"  # or "completion order", "one lost"
@@ -162,7 +162,7 @@ def test_a_lost_or_reordered_part_would_be_seen(ray_loop: None, synth: Path, tmp
 
 
 def test_a_runner_that_takes_more_units_per_call_gives_the_same_sums() -> None:
-    from icsd_audit.stats.resample import Family, Layout, family_sums
+    from icsd_audit.stats.engine.resample import Family, Layout, family_sums
 
     lay = Layout([300, 500, 40])
     fam = Family(np.random.default_rng(0).gamma(1.0, 1.0, (5, lay.n)), [0, 1, 1], 2, lay)

@@ -1,4 +1,4 @@
-"""The strata bootstrap's sorted-tile products (stats/segments.py) against a slow reference, and beside tcm."""
+"""The strata bootstrap's sorted-tile products (stats/engine/segments.py) against a slow reference, and beside tcm."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from icsd_audit import Tokens, Weights, tcm
-from icsd_audit.stats import segments
+from icsd_audit.stats.engine import segments
 from icsd_audit.stats.bootstrap import RatioFamily, bootstrap_ratio_families
 from icsd_audit.stats.strata import StrataAccumulator, StrataSpec, strata_edges
 
@@ -83,7 +83,7 @@ def test_sorted_tiles_equal_resampled_turns_by_hand(monkeypatch, by):
 
 
 def _layout():
-    from icsd_audit.stats.resample import Layout
+    from icsd_audit.stats.engine.resample import Layout
 
     return Layout(np.asarray(SIZES))
 

@@ -2,7 +2,7 @@
 
 A block of :data:`BLOCK` resamples is drawn from its own generator (:func:`block_generator`, seeded from the
 stream's SeedSequence and the block number); :func:`block_counts` fills its counts, one byte per (cluster,
-resample), cluster-major. The stream and the method are described in :mod:`icsd_audit.stats.resample`, which
+resample), cluster-major. The stream and the method are described in :mod:`icsd_audit.stats.engine.resample`, which
 multiplies these counts with each statistic's per-cluster sums. Pure numpy.
 """
 

@@ -1,6 +1,6 @@
 """Bootstrap blocks in forked worker processes (Linux): parallel where threads are not.
 
-The block engine (:mod:`icsd_audit.stats.resample`) is many NumPy calls on arrays of
+The block engine (:mod:`icsd_audit.stats.engine.resample`) is many NumPy calls on arrays of
 64k elements; several of them hold the GIL (``np.add.at``, ``flatnonzero``, the
 Generator's draws), so worker *threads* ran no faster than one thread on the 2-core
 dev box (1.34 s vs 1.40 s for 10,000 resamples of 48k clusters), while two

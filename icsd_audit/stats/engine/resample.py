@@ -37,7 +37,7 @@ tokens) are multiplied by those clusters' gathered counts only.  Every shape and
 such choice depends on the family's own sums, so a statistic's resampled sums are the
 same bits whatever other statistics share the draw.  A tile of sums is read once per
 work unit of SUPER blocks (then from cache), which matters once they outgrow the
-caches.  Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.forked`:
+caches.  Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.engine.forked`:
 the engine holds the GIL too often for threads to help), threads elsewhere; inside
 :func:`unit_runner` the work units go to the runner given (Ray tasks on a cluster,
 :mod:`icsd_audit.audit.ray_backend`). A unit's resamples are a function of the engine and
@@ -55,8 +55,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from icsd_audit.stats.counts import BLOCK, TUPLE, Layout, block_counts, block_generator
-from icsd_audit.stats.forked import BlasThreads, ForkedBlocks, fork_available
+from icsd_audit.stats.engine.counts import BLOCK, TUPLE, Layout, block_counts, block_generator
+from icsd_audit.stats.engine.forked import BlasThreads, ForkedBlocks, fork_available
 
 __all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
            "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner"]
@@ -309,7 +309,7 @@ class _Engine:
         counts, cbuf, gbuf = self._buffers()
         for j in range(SUPER):
             block_counts(block_generator(self.seed_seq, u * SUPER + j), counts[j], self.lay)
-        # a family with products of its own (:class:`icsd_audit.stats.segments.SegmentedFamily`) takes the counts
+        # a family with products of its own (:class:`icsd_audit.stats.engine.segments.SegmentedFamily`) takes the counts
         accs = [None if getattr(f, "own_products", False) else np.zeros((f.n_groups, SUPER, len(f.dense), BLOCK))
                 for f in self.families]
         if any(f.panels for f in self.families):

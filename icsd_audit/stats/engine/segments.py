@@ -1,6 +1,6 @@
 """Resampled sums of a family whose columns come in groups (a statistic's bins), tile by tile in a sorted order.
 
-The bootstrap engine (:mod:`icsd_audit.stats.resample`) multiplies a family's per-cluster
+The bootstrap engine (:mod:`icsd_audit.stats.engine.resample`) multiplies a family's per-cluster
 sums by each block's counts.  A family of binned sums (token strata, SPEC 11: per bin the
 tokens, both weightings' masses and both TCM sets) has most of its columns zero on many
 clusters (a short turn never reaches the late positions) and pairs of columns that are
@@ -34,8 +34,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from icsd_audit.stats.counts import BLOCK
-from icsd_audit.stats.resample import SPAN, SUPER, Layout
+from icsd_audit.stats.engine.counts import BLOCK
+from icsd_audit.stats.engine.resample import SPAN, SUPER, Layout
 
 __all__ = ["SegmentedFamily", "TILE", "segment_rows"]
 
