@@ -262,33 +262,37 @@ def staging_dir(target: str | Path, kind: str) -> Path:
 def temp_dir(target: str | Path, kind: str = "tmp") -> Iterator[Path]:
     """A hidden scratch directory next to ``target`` (same file system), removed on exit and on SIGTERM.
 
-    SIGTERM is held while the directory is made (main thread), so a signal that arrives then is taken
-    inside the ``try`` whose ``finally`` removes it, never between its creation and that ``try``.
+    A SIGTERM that arrives while the directory is being made is deferred (Python runs signal handlers
+    in the main thread, whichever thread the signal reached) and taken inside the ``try`` whose
+    ``finally`` removes it: never between its creation and that ``try``.
     """
-    with terminate_cleanly():
-        held = _hold_sigterm()
+    if threading.current_thread() is not threading.main_thread():
+        tmp = _mkdtemp(Path(target), kind)
         try:
-            tmp = _mkdtemp(Path(target), kind)
-        except BaseException:
-            _release_sigterm(held)
-            raise
-        try:
-            _release_sigterm(held)
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        return
+    state = {"made": False, "pending": 0}
 
+    def on_term(signum: int, frame: object) -> None:
+        if not state["made"]:
+            state["pending"] = signum
+            return
+        raise SystemExit(128 + signum)
 
-def _hold_sigterm() -> set[signal.Signals] | None:
-    """Block SIGTERM in the main thread (a pending one is delivered on release): the mask it replaced."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
-def _release_sigterm(previous: set[signal.Signals] | None) -> None:
-    if previous is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        tmp = _mkdtemp(Path(target), kind)
+        try:
+            state["made"] = True
+            if state["pending"]:
+                raise SystemExit(128 + state["pending"])
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
