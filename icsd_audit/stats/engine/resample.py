@@ -59,7 +59,7 @@ from icsd_audit.stats.engine.counts import BLOCK, TUPLE, Layout, block_counts, b
 from icsd_audit.stats.engine.forked import BlasThreads, ForkedBlocks, fork_available
 
 __all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
-           "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner"]
+           "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner", "ThreadBuffers"]
 
 #: clusters per matrix-product tile, and columns per product: fixed shapes, so that a
 #: statistic's resampled sums are the same bits whatever else is computed beside it
@@ -273,21 +273,28 @@ def _gather_rows(src: np.ndarray, rows: np.ndarray, to: np.ndarray, out: np.ndar
         o[to[c0 : c0 + _GATHER_SLICE]] = s[rows[c0 : c0 + _GATHER_SLICE]]
 
 
-class _Engine:
-    """Per-block resampled sums of several families on one layout (one draw of counts for all)."""
+class ThreadBuffers:
+    """Per-thread scratch buffers (``self._local``, a ``threading.local``) that are never pickled: a unit
+    runner's worker process gets the object without them and makes its own."""
 
-    def __init__(self, lay: Layout, families: Sequence[Family], seed_seq: np.random.SeedSequence):
-        self.lay, self.families, self.seed_seq = lay, list(families), seed_seq
-        self.width = sum(f.width for f in self.families)
-        self._local = threading.local()
+    _local: threading.local
 
-    def __getstate__(self) -> dict[str, Any]:  # (sent to the workers of a unit runner; buffers are per process)
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_local")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._local = threading.local()
+
+
+class _Engine(ThreadBuffers):
+    """Per-block resampled sums of several families on one layout (one draw of counts for all)."""
+
+    def __init__(self, lay: Layout, families: Sequence[Family], seed_seq: np.random.SeedSequence):
+        self.lay, self.families, self.seed_seq = lay, list(families), seed_seq
+        self.width = sum(f.width for f in self.families)
         self._local = threading.local()
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

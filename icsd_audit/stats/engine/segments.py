@@ -30,12 +30,12 @@ Pure numpy.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from icsd_audit.stats.engine.counts import BLOCK
-from icsd_audit.stats.engine.resample import SPAN, SUPER, Layout
+from icsd_audit.stats.engine.resample import SPAN, SUPER, Layout, ThreadBuffers
 
 __all__ = ["SegmentedFamily", "TILE", "segment_rows"]
 
@@ -57,7 +57,7 @@ _CLASSES = 4
 _ITEM = np.dtype(np.complex128) if BLOCK == 16 else np.dtype((np.void, BLOCK))
 
 
-class SegmentedFamily:
+class SegmentedFamily(ThreadBuffers):
     """One single-group family's resampled sums (K x clusters ``ST``, layout order) by sorted tiles.
 
     ``groups``: lists of column indices that share their nonzero clusters (a bin's columns),
@@ -165,15 +165,6 @@ class SegmentedFamily:
                             col = a if j < 2 else mixed_off[s0] + a - s0
                             plan.append((int(j == 2), cl, offsets[j] + r0, offsets[j] + r1, a - c0, z - c0, col))
             self.tiles.append((c0, c1, plan))
-        self._local = threading.local()
-
-    def __getstate__(self) -> dict[str, Any]:  # (pickled for a unit runner's workers; buffers are per process)
-        state = dict(self.__dict__)
-        state.pop("_local")
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._local = threading.local()
 
     def unit_sums(self, counts: np.ndarray) -> np.ndarray:
