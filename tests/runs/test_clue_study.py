@@ -118,15 +118,22 @@ def test_the_dial_table_is_what_icsd_compare_prints_by_clue_accuracy():
         _same(r[4], pi)
 
 
-def test_the_audit_rows_are_the_shipped_reports_summaries():
-    """'| audited run | dumped updates | tokens | TCM under g | TCM under c | c − g |': each report's summary.json."""
+def _audit_rows(first_header: str) -> list[tuple[list[str], dict]]:
+    """The 4 rows of an audit table, each with the summary.json of the report it names (run, dumped updates)."""
     folders = {"0, 10, ..., 190": "", "0, 10, ..., 40": "-first41"}
-    rows = _rows("audited run")
+    rows = _rows(first_header)
     assert len(rows) == 4
+    out = []
     for r in rows:
         acc = re.fullmatch(r"sdar-seed0, clue accuracy (\S+)", r[0]).group(1)
-        report = EXAMPLE / f"audit-sdar-acc{acc}{folders[r[1]]}"
-        tcm = json.loads((report / "summary.json").read_text())["tcm"]
+        out.append((r, json.loads((EXAMPLE / f"audit-sdar-acc{acc}{folders[r[1]]}" / "summary.json").read_text())))
+    return out
+
+
+def test_the_audit_rows_are_the_shipped_reports_summaries():
+    """'| audited run | dumped updates | tokens | TCM under g | TCM under c | c − g |': each report's summary.json."""
+    for r, summary in _audit_rows("audited run"):
+        tcm = summary["tcm"]
         assert int(r[2].replace(",", "")) == tcm["n_tokens"]
         for cell, key in zip(r[3:6], ("sdar", "icsd", "diff")):
             m = re.fullmatch(r"(-?\d+\.\d) (?:%|pp) \[(-?\d+\.\d), (-?\d+\.\d)\]", cell)
@@ -137,12 +144,8 @@ def test_the_audit_rows_are_the_shipped_reports_summaries():
 
 def test_the_sign_of_delta_rows_are_the_shipped_reports_signs():
     """'| sign-of-Δ audit | ... |': each report's summary.json "signs" (the deployed SDAR weighting is the reference)."""
-    folders = {"0, 10, ..., 190": "", "0, 10, ..., 40": "-first41"}
-    rows = _rows("sign-of-Δ audit")
-    assert len(rows) == 4
-    for r in rows:
-        acc = re.fullmatch(r"sdar-seed0, clue accuracy (\S+)", r[0]).group(1)
-        signs = json.loads((EXAMPLE / f"audit-sdar-acc{acc}{folders[r[1]]}" / "summary.json").read_text())["signs"]
+    for r, summary in _audit_rows("sign-of-Δ audit"):
+        signs = summary["signs"]
         assert signs["reference"] == "sdar"
         assert int(r[2].replace(",", "")) == signs["tokens"]["positive"]
         stats = (signs["token_share"]["positive"], signs["shares"]["sdar"]["positive"],
