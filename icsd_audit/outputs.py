@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["OutputError", "check_output_file", "check_output_dir", "publish_directory", "temp_dir", "remove_stale",
-           "terminate_cleanly", "staging_dir", "temp_prefix", "write_text_atomic", "check_not_input", "GracefulStop",
+           "terminate_cleanly", "Deferral", "staging_dir", "temp_prefix", "write_text_atomic", "check_not_input", "GracefulStop",
            "Stopped", "write_failed", "reserve", "current_umask", "umask_mode", "umask_tree"]
 
 
@@ -262,47 +262,46 @@ def staging_dir(target: str | Path, kind: str) -> Path:
 def temp_dir(target: str | Path, kind: str = "tmp") -> Iterator[Path]:
     """A hidden scratch directory next to ``target`` (same file system), removed on exit and on SIGTERM.
 
-    A SIGTERM that arrives while the directory is being made is deferred (Python runs signal handlers
-    in the main thread, whichever thread the signal reached) and taken inside the ``try`` whose
-    ``finally`` removes it: never between its creation and that ``try``.
+    A SIGTERM that arrives while the directory is being made is deferred to the ``try`` whose ``finally``
+    removes it: never taken between its creation and that ``try``.
     """
-    if threading.current_thread() is not threading.main_thread():
+    deferral = Deferral()
+    with terminate_cleanly(deferral):
         tmp = _mkdtemp(Path(target), kind)
         try:
+            deferral.take()
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return
-    state = {"made": False, "pending": 0}
 
-    def on_term(signum: int, frame: object) -> None:
-        if not state["made"]:
-            state["pending"] = signum
-            return
-        raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        tmp = _mkdtemp(Path(target), kind)
-        try:
-            state["made"] = True
-            if state["pending"]:
-                raise SystemExit(128 + state["pending"])
-            yield tmp
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+class Deferral:
+    """A SIGTERM held by :func:`terminate_cleanly` until :meth:`take` (Python runs signal handlers in the
+    main thread, whichever thread the signal reached, so the hold needs no signal mask)."""
+
+    def __init__(self) -> None:
+        self.taking = False
+        self.pending = 0
+
+    def take(self) -> None:
+        """From now on SIGTERM exits at once; one that came while held exits here."""
+        self.taking = True
+        if self.pending:
+            raise SystemExit(128 + self.pending)
 
 
 @contextlib.contextmanager
-def terminate_cleanly() -> Iterator[None]:
-    """Turn SIGTERM into ``SystemExit(143)`` so ``finally`` blocks remove temporaries (main thread only)."""
+def terminate_cleanly(deferral: Deferral | None = None) -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)`` so ``finally`` blocks remove temporaries (main thread only);
+    with a ``deferral``, a SIGTERM before its :meth:`Deferral.take` waits for it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum: int, frame: object) -> None:
+        if deferral is not None and not deferral.taking:
+            deferral.pending = signum
+            return
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_term)
