@@ -2,7 +2,7 @@
 
 Two passes.  The first reads only the covariate (``entropy``, ``logp``, ``pos`` or
 ``delta``, with ``valid``) of every row group and cuts the edges from every valid token
-(8 bytes per token while the edges are cut); dumps without a ``pos`` column number the rows
+(4-8 bytes per token while the edges are cut); dumps without a ``pos`` column number the rows
 of each turn instead, which needs the ids, so that first pass reads whole batches.  The
 second is the stream of :func:`icsd_audit.audit.run.run_audit`: each batch allocated once,
 reduced to per-turn, per-bin sums and dropped; one bootstrap at the end.
@@ -51,10 +51,13 @@ def missing_covariate(reader: DumpReader, covariate: str) -> str | None:
 
 
 def collect_covariate(reader: DumpReader, covariate: str) -> np.ndarray:
-    """The covariate of every valid token of ``reader``'s dumps (float64, input order): the edges' sample.
+    """The covariate of every valid token of ``reader``'s dumps (input order): the edges' sample.
 
     Reads only the covariate's column and ``valid`` per row group, unchecked: the checked
     stream that follows reports a bad value with its file and row (:func:`check_covariate`).
+    The values keep the column's dtype (float32 or integers: half the memory of float64,
+    whose conversion is exact and keeps their order; :func:`strata_edges` cuts them as
+    float64).
     """
     names = [set(s.names) for s in reader.schemas]
     if covariate == "pos" and not all("pos" in n for n in names):
@@ -64,7 +67,7 @@ def collect_covariate(reader: DumpReader, covariate: str) -> np.ndarray:
     col = _SOURCE[covariate]
     parts = []
     for table in reader.column_groups([col, "valid"]):
-        x = table.column(col).to_numpy(zero_copy_only=False).astype(np.float64)
+        x = table.column(col).to_numpy(zero_copy_only=False)
         if "valid" in table.column_names:
             x = x[table.column("valid").to_numpy(zero_copy_only=False).astype(bool)]
         parts.append(np.abs(x) if covariate == "abs_delta" else x)

@@ -42,6 +42,42 @@ def test_edges_and_bins_follow_spec_11() -> None:
     assert strata_edges(x, StrataSpec("pos", bins=1)).size == 0
 
 
+def test_bins_by_comparison_are_the_binary_searchs() -> None:
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.normal(size=5_000), [np.nan, -np.inf, np.inf, 0.0, -0.0]])
+    for k in (0, 1, 9, 32, 40):  # up to 32 edges by comparisons, more by np.searchsorted
+        e = np.unique(rng.normal(size=k))
+        e = np.concatenate([e, x[:3]]) if k == 9 else e  # edges equal to values: the value goes up
+        e = np.unique(e)
+        assert strata_bins(x, e).tolist() == np.searchsorted(e, x, side="right").tolist()
+
+
+def test_per_turn_sums_are_the_whole_batch_sums_with_zeros_bit_for_bit() -> None:
+    """Each TCM set summed over its own tokens gives the bits of summing every token with 0 off the set."""
+    from icsd_audit.stats.strata import StrataAccumulator
+
+    t, w = _tokens(n_turns=60, per_turn=9, seed=2)
+    rng = np.random.default_rng(2)
+    base = np.where(rng.random(len(t)) < 0.2, 0.0, w.base)
+    w = Weights(base, w.compare)
+    x = np.asarray(t.delta, dtype=np.float64)
+    spec = StrataSpec("abs_delta", bins=4)
+    edges = strata_edges(np.abs(x), spec)
+    acc = StrataAccumulator(spec=spec, edges=edges)
+    acc.add(t, w, x=np.abs(x))
+    got = np.asarray(acc.family().sums).T  # (bins x 7, turns)
+    turn = np.asarray(t.traj_id) * 2 + np.asarray(t.turn_id)
+    nb = edges.size + 1
+    key = turn * nb + np.searchsorted(edges, np.abs(x), side="right")
+    u = np.asarray(t.advantage) * np.asarray(t.ratio) * x
+    act = (x > 0) & (np.abs(u) > 1e-4)
+    neg = act & (u < 0)
+    for q, col in enumerate((np.ones(len(t)), w.base, w.compare, np.where(neg, w.base, 0.0), np.where(act, w.base, 0.0),
+                             np.where(neg, w.compare, 0.0), np.where(act, w.compare, 0.0))):
+        ref = np.bincount(key, weights=col, minlength=60 * nb).reshape(60, nb).T
+        assert got[q::7].tobytes() == np.ascontiguousarray(ref).tobytes()
+
+
 def test_spec_names_hold_the_covariate_and_k_or_q() -> None:
     assert StrataSpec("entropy").name == "strata:entropy:K10"
     assert StrataSpec("logp", bins=5).name == "strata:logp:K5"
