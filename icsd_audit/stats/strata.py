@@ -142,8 +142,16 @@ class StrataAccumulator:
         self._xmin, self._xmax = np.inf, -np.inf
         self._rows = 0
 
-    def add(self, tokens: Tokens, weights: Weights, *, x: Any) -> None:
-        """Add tokens (one or several batches), their two weightings and their covariate ``x`` (one per row)."""
+    def part(self) -> "StrataAccumulator":
+        """An empty accumulator with these settings and edges, for a batch reduced apart (:meth:`merge` appends it)."""
+        return StrataAccumulator(spec=self.spec, edges=self.edges, eps=self.eps, base_name=self.base_name,
+                                 compare_name=self.compare_name)
+
+    def add(self, tokens: Tokens, weights: Weights, *, x: Any, first_row: int | None = None) -> None:
+        """Add tokens (one or several batches), their two weightings and their covariate ``x`` (one per row).
+
+        ``first_row``: the input row of the first token, for error messages (default: the rows added so far).
+        """
         if (weights.base_name, weights.compare_name) != (self.base_name, self.compare_name):
             raise ValueError(f"weights are labelled ({weights.base_name}, {weights.compare_name}) but the "
                              f"accumulator compares ({self.base_name}, {self.compare_name})")
@@ -172,7 +180,8 @@ class StrataAccumulator:
         for name, a, nonneg in (("delta", delta, False), ("advantage", adv, False), ("ratio", ratio, False),
                                 (self.base_name, wb, True), (self.compare_name, wc, True),
                                 (self.spec.covariate, xa, False)) + ((("u", u, False),) if u is not None else ()):
-            check_finite(name, a, nonnegative=nonneg, offset=self._rows, rows=rows)
+            check_finite(name, a, nonnegative=nonneg, offset=self._rows if first_row is None else int(first_row),
+                         rows=rows)
         self._rows += n
         m = delta.shape[0]
         if m == 0:
