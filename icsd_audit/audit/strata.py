@@ -53,14 +53,14 @@ def missing_covariate(reader: DumpReader, covariate: str) -> str | None:
             f"{len(reader.paths)} input file(s) lack: {shown}")
 
 
-def collect_covariate(reader: DumpReader, covariate: str) -> np.ndarray:
+def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -> np.ndarray:
     """The covariate of every valid token of ``reader``'s dumps (input order): the edges' sample.
 
     Reads only the covariate's column and ``valid`` per row group, unchecked: the checked
     stream that follows reports a bad value with its file and row (:func:`check_covariate`).
     The values keep the column's dtype (float32 or integers: half the memory of float64,
     whose conversion is exact and keeps their order; :func:`strata_edges` cuts them as
-    float64).
+    float64).  ``workers`` threads read the files (:meth:`DumpReader.column_groups`).
     """
     names = [set(s.names) for s in reader.schemas]
     if covariate == "pos" and not all("pos" in n for n in names):
@@ -69,7 +69,7 @@ def collect_covariate(reader: DumpReader, covariate: str) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0)
     col = _SOURCE[covariate]
     parts = []
-    for table in reader.column_groups([col, "valid"]):
+    for table in reader.column_groups([col, "valid"], workers=workers):
         x = table.column(col).to_numpy(zero_copy_only=False)
         if "valid" in table.column_names:
             x = x[table.column("valid").to_numpy(zero_copy_only=False).astype(bool)]
@@ -86,9 +86,9 @@ def check_covariate(reader: DumpReader, batch: TokenBatch, x: np.ndarray, covari
                         column=_SOURCE[covariate], row=int(batch.file_row[i]))
 
 
-def covariate_sample(reader: DumpReader, covariate: str) -> np.ndarray:
+def covariate_sample(reader: DumpReader, covariate: str, *, workers: int = 1) -> np.ndarray:
     """:func:`collect_covariate`, and where it holds a non-finite value, the checked read that names it."""
-    x = collect_covariate(reader, covariate)
+    x = collect_covariate(reader, covariate, workers=workers)
     if x.size and not np.isfinite(x).all():
         for batch in reader:
             check_covariate(reader, batch, covariate_values(batch.tokens, covariate), covariate)
@@ -167,8 +167,9 @@ def run_strata(
     n_bins = spec.k if spec.k is not None else 2
     check_bootstrap(req.n_resamples, 7 * n_bins)
     check_resources(reader, workers=req.workers)
-    acc = StrataAccumulator(spec=spec, edges=strata_edges(covariate_sample(reader, by), spec), eps=req.eps,
-                            base_name=req.base.allocator, compare_name=req.compare.allocator)
+    edges = strata_edges(covariate_sample(reader, by, workers=req.workers), spec)
+    acc = StrataAccumulator(spec=spec, edges=edges, eps=req.eps, base_name=req.base.allocator,
+                            compare_name=req.compare.allocator)
     n = len(reader.batch_ids)
     for i, part in enumerate(reduced_batches(reader, acc, req, by)):
         acc.merge(part)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -265,15 +265,34 @@ class DumpReader:
         for gno, grp in enumerate(self._groups):
             yield self.paths[grp.file], grp.global_offset, self._load(gno)
 
-    def column_groups(self, names: Sequence[str]) -> Iterator[pa.Table]:
+    def column_groups(self, names: Sequence[str], *, workers: int = 1) -> Iterator[pa.Table]:
         """Only the named columns (those a file has) of every row group, in input order, unchecked.
 
         For a light first pass over the values (e.g. the landscape's ranks): nothing is
         validated here, so a caller must still stream the checked batches afterwards.
+        ``workers`` > 1: that many threads read ahead, a file each (its row groups in order;
+        no file is read by two threads at once), at most ``workers`` files at a time.
         """
-        for grp in self._groups:
-            pf, path = self._files[grp.file], self.paths[grp.file]
-            yield _read_group(pf, path, grp.index, [c for c in names if c in pf.schema_arrow.names], grp.file_offset)
+        def read(fi: int) -> list[pa.Table]:
+            pf, path = self._files[fi], self.paths[fi]
+            cols = [c for c in names if c in pf.schema_arrow.names]
+            return [_read_group(pf, path, g.index, cols, g.file_offset) for g in self._groups if g.file == fi]
+
+        files = list(dict.fromkeys(g.file for g in self._groups))
+        if workers <= 1 or len(files) < 2:
+            for fi in files:
+                yield from read(fi)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="icsd-columns") as pool:
+            pending: deque = deque()
+            for fi in files:
+                pending.append(pool.submit(read, fi))
+                if len(pending) >= workers:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
 
     def _load(self, gno: int) -> pa.Table:
         if gno in self._cache:

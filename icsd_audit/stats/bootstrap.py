@@ -489,7 +489,7 @@ def bootstrap_ratio_families(
         for idx in layouts.values():
             lay = Layout(preps[idx[0]].sizes)
             fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) if preps[i].segments is None
-                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay) for i in idx]
+                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay, workers=workers) for i in idx]
             for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):
                 for i, T in zip(idx, Ts):
                     reps[i][r0:r1] = preps[i].stats_of(T)

@@ -24,6 +24,7 @@ Pure numpy.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -242,7 +243,7 @@ class StrataAccumulator:
         diffs = [f"{stem}:{b}:{q}:diff" for b in range(self.n_bins) for q in ("share", "tcm")]
         return ratios + diffs
 
-    def family(self) -> RatioFamily:
+    def family(self, *, workers: int = 1) -> RatioFamily:
         """The bootstrap request of this statistic: per-turn columns, bins side by side.
 
         The three denominators (all tokens, each weighting's whole mass) are the totals of the
@@ -254,20 +255,26 @@ class StrataAccumulator:
         columns are gathered into one (columns x turns) float64 matrix, each batch's piece
         released once copied, and handed over as its transpose (a view, which the bootstrap
         takes without a copy): about 8 bytes per turn per column, and as much again for the
-        sorted copy the engine multiplies.
+        sorted copy the engine multiplies.  ``workers`` threads copy the pieces (NumPy copies
+        without the GIL; the first touch of the matrix's pages is most of the time).
         """
         if not self._sums:
             raise ValueError("no valid tokens to audit")
         nb = self.n_bins
-        n_turns = sum(p.shape[1] for p in self._sums)
-        M = np.empty((nb * _NQ, n_turns), dtype=np.float64)
-        off = 0
         pieces, self._sums = self._sums, []
-        while pieces:
-            p = pieces.pop(0)
-            M[:, off : off + p.shape[1]] = p
-            off += p.shape[1]
-            del p
+        offsets = np.cumsum([0] + [p.shape[1] for p in pieces]).tolist()
+        M = np.empty((nb * _NQ, offsets[-1]), dtype=np.float64)
+
+        def put(i: int) -> None:
+            M[:, offsets[i] : offsets[i + 1]] = pieces[i]
+            pieces[i] = None  # released once copied
+
+        if workers > 1 and len(pieces) > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(pieces))) as pool:
+                list(pool.map(put, range(len(pieces))))
+        else:
+            for i in range(len(pieces)):
+                put(i)
         tot_n, tot_b, tot_c = nb * _NQ, nb * _NQ + 1, nb * _NQ + 2
         num: list[int] = []
         den: list[int] = []
@@ -321,7 +328,7 @@ class StrataAccumulator:
     def finalize(self, *, n_resamples: int = 10_000, confidence_level: float = 0.95, unit: str = "action-turn",
                  rng: Any = None, chunk_size: int | None = None, workers: int = 1) -> StrataResult:
         """Bootstrap this statistic on the resample stream of its layout (SPEC 7) and build the result."""
-        (raw,) = bootstrap_ratio_families([self.family()], n_resamples=n_resamples, confidence_level=confidence_level,
+        (raw,) = bootstrap_ratio_families([self.family(workers=workers)], n_resamples=n_resamples, confidence_level=confidence_level,
                                           unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
                                           keep_replicates=True)
         return self.results(raw, unit=unit)

@@ -63,6 +63,19 @@ def test_reader_streams_each_batch_whole(tmp_path: Path) -> None:
     assert seen == 5000 and len(reader.batch_ids) == 3
 
 
+def test_column_groups_read_by_threads_come_in_input_order(tmp_path: Path) -> None:
+    cols = write_synth(tmp_path, n=9000, batches=5)  # a file per batch, several row groups each
+    reader = DumpReader([tmp_path])
+    one = list(reader.column_groups(["delta", "valid", "pos"]))
+    assert len(reader.paths) == 5 and len(one) > 5
+    for workers in (2, 3, 8):
+        many = list(reader.column_groups(["delta", "valid", "pos"], workers=workers))
+        assert len(many) == len(one) and all(a.equals(b) for a, b in zip(one, many))
+    got = np.concatenate([t.column("delta").to_numpy() for t in one])
+    order = np.lexsort((cols["pos"], cols["turn_id"], cols["traj_id"], cols["batch_id"]))  # the writer's row order
+    assert np.array_equal(got, cols["delta"][order].astype(got.dtype))
+
+
 def test_reader_handles_batches_split_across_files(tmp_path: Path) -> None:
     cols = synth_tokens(3000, seed=1, n_batches=2)
     half = np.arange(3000) % 2 == 0  # every batch lands in both files, interleaved

@@ -30,6 +30,7 @@ Pure numpy.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -63,7 +64,8 @@ class SegmentedFamily(ThreadBuffers):
     ``groups``: lists of column indices that share their nonzero clusters (a bin's columns),
     together every column once; ``tied``: pairs (numerator, denominator) whose numerator is,
     on most clusters, either 0 or equal to the denominator (both in the same group).  The
-    engine calls :meth:`unit_sums` with a work unit's counts.
+    engine calls :meth:`unit_sums` with a work unit's counts.  ``workers`` threads gather the
+    sorted copy of the sums (the same bits whatever their number).
     """
 
     own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
@@ -72,7 +74,8 @@ class SegmentedFamily(ThreadBuffers):
     gathered = 0
     n_groups = 1
 
-    def __init__(self, ST: np.ndarray, groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], lay: Layout):
+    def __init__(self, ST: np.ndarray, groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], lay: Layout,
+                 *, workers: int = 1):
         ST = np.asarray(ST, dtype=np.float64)
         if ST.ndim != 2 or ST.shape[1] != lay.n:
             raise ValueError(f"sums must have one column per cluster ({lay.n}), got shape {ST.shape}")
@@ -135,8 +138,16 @@ class SegmentedFamily(ThreadBuffers):
 
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
         self.S = np.empty((len(self.main), n), dtype=np.float64)
-        for r, c in enumerate(self.main):
-            np.take(ST[c], self.order, out=self.S[r])
+
+        def gather(r: int) -> None:
+            np.take(ST[self.main[r]], self.order, out=self.S[r])
+
+        if workers > 1 and len(self.main) > 1:  # NumPy's take runs without the GIL
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(gather, range(len(self.main))))
+        else:
+            for r in range(len(self.main)):
+                gather(r)
         mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
         self.Snum = np.empty((len(self.nums), sum(z - a for a, z in mixed)), dtype=np.float64)
         mixed_off: dict[int, int] = {}
