@@ -440,9 +440,10 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     gbounds = np.concatenate([[0], np.flatnonzero(np.diff(g_sorted)) + 1, [n]])
     # point estimates: each column added row after row, in layout order
     total = np.empty((n_groups, ST.shape[0]))
+    run = np.empty(int(np.diff(gbounds).max()))  # one buffer for every running sum (not a fresh one per column)
     for g in range(n_groups):
         for c in range(ST.shape[0]):
-            total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]])[-1]
+            total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]], out=run[: gbounds[g + 1] - gbounds[g]])[-1]
     prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0),
                      parts)
     prep.estimate = prep.stats_of(total)

@@ -113,10 +113,10 @@ class SegmentedFamily(ThreadBuffers):
                 for c in g:
                     nzk[j, i] |= ST[c] != 0
         if tied:
-            A, B = ST[[a for a, _ in tied]], ST[[b for _, b in tied]]
-            zero, equal = ~nzk[2].any(axis=0), (A == B).all(axis=0)
+            zero, equal = ~nzk[2].any(axis=0), np.ones(n, dtype=bool)
+            for a, b in tied:  # pair by pair (no copy of the tied rows)
+                equal &= ST[a] == ST[b]
             cls = np.where(zero, np.where(nzk[1].any(axis=0), _ZERO, _NONE), np.where(equal, _EQUAL, _MIXED))
-            del A, B
         else:
             cls = np.full(n, _NONE)
         anyg = nzk.any(axis=0)
@@ -128,13 +128,18 @@ class SegmentedFamily(ThreadBuffers):
         seg = (tile * _CLASSES + cls)[self.order]
         starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
         stops = np.concatenate([starts[1:], [n]])
-        pos = np.arange(n, dtype=np.int64)
         ranges = []
-        for j in range(3):  # (groups, segments): each group's first and last nonzero cluster, per kind
-            nz = nzk[j][:, self.order]
-            ranges.append((np.minimum.reduceat(np.where(nz, pos, n), starts, axis=1),
-                           np.maximum.reduceat(np.where(nz, pos + 1, 0), starts, axis=1)))
-        del nzk, nz
+        for j in range(3):  # (groups, segments): each group's first and last nonzero cluster (n, 0: none), per kind
+            lo, hi = np.full((m, starts.size), n, dtype=np.int64), np.zeros((m, starts.size), dtype=np.int64)
+            for i in range(m):
+                at = np.flatnonzero(nzk[j, i][self.order])  # nonzero positions in sorted order, ascending
+                if at.size:
+                    first = at[np.minimum(np.searchsorted(at, starts), at.size - 1)]
+                    last = at[np.maximum(np.searchsorted(at, stops) - 1, 0)]
+                    some = (first >= starts) & (first < stops)
+                    lo[i], hi[i] = np.where(some, first, n), np.where(some, last + 1, 0)
+            ranges.append((lo, hi))
+        del nzk
 
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
         self.S = np.empty((len(self.main), n), dtype=np.float64)
