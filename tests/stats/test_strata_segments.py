@@ -117,3 +117,32 @@ def test_sorted_tiles_agree_with_plain_products_and_leave_tcm_alone(monkeypatch)
         assert (both[0].estimate[0, j], both[0].ci_low[0, j], both[0].ci_high[0, j]) == (
             ref.estimate, ref.ci_low, ref.ci_high)
     assert np.array_equal(both[1].replicates, a.replicates, equal_nan=True)
+
+
+@pytest.mark.parametrize("by", ["pos", "abs_delta"])
+def test_half_panels_change_no_bit(monkeypatch, by):
+    """Panels split in two wherever it pays (here: always, a product costing nothing) against whole panels: each
+    row is multiplied over a range holding all its nonzero clusters either way, so the same bits; and the split
+    panels against the slow reference."""
+    monkeypatch.setattr(segments, "TILE", 64)
+    t, w, turn_of = _turns(seed=3)
+    x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
+    spec = StrataSpec(by, bins=10)
+    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
+    acc.add(t, w, x=x)
+    fam = acc.family()
+    runs = {}
+    for call_cost in (10**9, 0):  # never split, split wherever a half is narrower
+        monkeypatch.setattr(segments, "_CALL_COST", call_cost)
+        sf = segments.SegmentedFamily(np.ascontiguousarray(fam.sums.T), fam.column_groups, fam.tied, _layout())
+        runs[call_cost] = (sum(len(plan) for _, _, plan in sf.tiles),
+                           bootstrap_ratio_families([fam], n_resamples=96, rng=5, keep_replicates=True)[0])
+    (whole_n, whole), (split_n, split) = runs[10**9], runs[0]
+    assert split_n > whole_n  # some panels were split
+    assert whole.replicates.tobytes() == split.replicates.tobytes()
+    want = _by_hand(t, w, turn_of, x, acc.edges, 96, seed=5)
+    for q, ref in want.items():
+        for b in range(acc.n_bins):
+            got = split.replicates[:, 0, split.index(f"{spec.name}:{b}:{q}")]
+            ok = ~np.isnan(got)
+            assert np.array_equal(ok, ~np.isnan(ref[:, b])) and np.allclose(got[ok], ref[ok, b], rtol=1e-12, atol=1e-14)
