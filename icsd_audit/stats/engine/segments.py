@@ -14,8 +14,9 @@ constant over a turn).  :class:`SegmentedFamily` uses both, with no change to th
   clusters lie in one short range of the tile per class (a prefix, where the supports are
   nested as positions are);
 * the rows (a group's plain columns, then the denominators, group after group) are
-  multiplied in panels of :data:`PANEL_ROWS` over the range where the panel's groups are
-  nonzero; the numerators only on mixed clusters, the class giving them elsewhere;
+  multiplied in panels of :data:`PANEL_ROWS` (two half panels where their ranges are narrow
+  enough to pay for the second call) over the range where the panel's groups are nonzero; the
+  numerators only on mixed clusters, the class giving them elsewhere;
 * the counts of the tile are gathered into that order (from inside the tile, in cache),
   a work unit's SUPER blocks at once.
 
