@@ -184,7 +184,7 @@ def _as_matrix(x: Any, what: str) -> np.ndarray:
         a = a[:, None]
     if a.ndim != 2:
         raise ValueError(f"{what} must be 1-D or 2-D (clusters x statistics), got {a.ndim}-D")
-    if not np.isfinite(a).all():
+    if a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):  # (NaN propagates; no (n x k) temporary)
         raise ValueError(f"{what} contains NaN or infinite values")
     return a
 

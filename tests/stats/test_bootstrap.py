@@ -489,3 +489,11 @@ def test_coverage_of_95_percent_intervals():
     cover = {k: v / reps for k, v in hits.items()}
     for k, v in cover.items():
         assert 0.93 <= v <= 0.97, cover
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_sums_are_one_error(bad):
+    sums = np.ones((20, 3))
+    sums[7, 2] = bad  # (the check reads the sums' min and max: NaN propagates, an infinity is one of them)
+    with pytest.raises(ValueError, match="sums contains NaN or infinite values"):
+        bootstrap_ratio_columns(sums, [0], [2], n_resamples=16, rng=0)
