@@ -284,9 +284,8 @@ class AuditAccumulator:
         interval is the same whichever other statistics (or accumulators, e.g. the
         report's) are bootstrapped with it.  Each statistic's columns are gathered into
         one (columns x turns) float64 matrix and the per-batch pieces are released as
-        they are used: about 8 bytes per turn per column at the peak.  ``released`` is
-        called after each statistic's pieces are dropped (e.g. to hand the freed heap
-        pages back to the OS before the next matrix is filled).
+        they are used: about 8 bytes per turn per column at the peak.  ``released`` is called
+        after each statistic's pieces are dropped (to hand their freed pages back to the OS).
         """
         if self._n_clusters == 0:
             raise ValueError("no valid tokens to audit")
