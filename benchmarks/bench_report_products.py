@@ -14,7 +14,9 @@ thread, ``--units`` work units of the resample stream (64 resamples each; 10,000
   column two statistics share once) in one fused product per tile (at most 30 columns per call), against the
   statistics' own products on the same counts, with a bit-for-bit comparison of the sums;
 * ``--widths``: whether the BLAS gives a column the same bits in a product of P columns (P = 1..40, random data,
-  2,048 turns x 16 resamples) as in a product of 6, the statistics' own panel width.
+  2,048 turns x 16 resamples) as in a product of 6, the statistics' own panel width;
+* ``--panels N``: what one panel of P = 1..8 rows costs per work unit over N turns (random data, the engine's
+  tiles: (P x 2,048) @ (4 x 2,048 x 16) per tile), the counts' conversion excluded.
 
 CPU seconds (``time.process_time``), the minimum over ``--repeats``: the machine is shared, and the minimum is the
 figure least moved by other jobs.  Prints the load average.
@@ -68,11 +70,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dumps", type=Path, nargs="?")
     ap.add_argument("--widths", action="store_true", help="only the BLAS width check (no dumps needed)")
+    ap.add_argument("--panels", type=int, default=0, metavar="N", help="only the cost of a panel of P rows over N turns")
     ap.add_argument("--units", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.widths:
         return widths()
+    if args.panels:
+        return panels(args.panels, args.repeats)
     if args.dumps is None:
         ap.error("DUMPS is needed (or --widths)")
     from icsd_audit.stats.engine import resample as R
@@ -80,7 +85,8 @@ def main() -> None:
     from icsd_audit.stats.bootstrap import _prepare  # (a benchmark may look inside)
 
     fams = capture_families(args.dumps)
-    names = ["tcm", "quadrants", "shift", "clip", "landscape", "dynamics"][: len(fams)]
+    stem = {"tcm": "tcm", "q": "quadrants", "s": "shift", "clip": "clip", "signs": "signs", "strata": "strata"}
+    names = [stem.get(str(f.names[0]).split(":")[0], str(f.names[0])) if f.names else "landscape" for f in fams]
     preps = [_prepare(f) for f in fams]
     lay = R.Layout(preps[0].sizes)
     F = [R.Family(p.ST, p.sgroup, len(p.gvalues), lay) for p in preps]
@@ -170,6 +176,27 @@ def widths() -> None:
         ref = np.matmul(X[:6], cf)
         differ = [P for P in range(1, 41) if not np.array_equal(np.matmul(X[:P], cf)[:, : min(P, 6)], ref[:, : min(P, 6)])]
     print(f"products of P columns whose first columns differ in bits from a product of 6: P = {differ or 'none'}")
+
+
+def panels(n: int, repeats: int) -> None:
+    """CPU per work unit of one panel of P rows multiplied over ``n`` turns, tile by tile as the engine does."""
+    from icsd_audit.stats.engine import resample as R
+    from icsd_audit.stats.engine.forked import BlasThreads
+
+    rng = np.random.default_rng(2)
+    S = rng.random((8, n))
+    # one tile of converted counts, reused (in the engine each tile's are fresh, and in cache just the same)
+    cf = rng.poisson(1.0, size=(R.SUPER, R.TILE, R.BLOCK)).astype(np.float64)
+
+    def run(P: int) -> None:
+        for c0 in range(0, n, R.TILE):
+            c1 = min(n, c0 + R.TILE)
+            np.matmul(S[:P, c0:c1], cf[:, : c1 - c0])
+
+    with BlasThreads(1):
+        costs = {P: cpu(lambda: run(P), repeats) * 1e3 for P in range(1, 9)}
+    print(f"one panel of P rows over {n:,} turns, ms per work unit ({R.SPAN} resamples), min of {repeats}: "
+          + ", ".join(f"P={P} {c:.1f}" for P, c in costs.items()) + f"; load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,9 @@ def landscape_ranks(reader: DumpReader, grid: int, *, steps: set[Any] | None = N
     span two or more steps (the report's per-step curve is computed only then).
     """
     ranks = LandscapeRanks(grid=grid)
-    for table in reader.column_groups(["delta", "advantage", "valid", "env"] + (["step"] if steps is not None else [])):
+    # the next row group decoded (and its page checksums verified) in a thread while this one is ranked
+    wanted = ["delta", "advantage", "valid", "env"] + (["step"] if steps is not None else [])
+    for table in prefetch(reader.column_groups(wanted)):
         names = table.column_names
         valid = table.column("valid").to_numpy(zero_copy_only=False) if "valid" in names else None
         ranks.add(table.column("delta").to_numpy(), table.column("advantage").to_numpy(),

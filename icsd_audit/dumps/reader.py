@@ -24,7 +24,7 @@ import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -427,8 +427,11 @@ def read_dumps(paths: Sequence[str | Path] | str | Path, *, columns: Sequence[st
         yield batch.tokens
 
 
-def prefetch(batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
-    """Read the next batch in a background thread while the caller works on this one.
+_Item = TypeVar("_Item")
+
+
+def prefetch(batches: Iterator[_Item]) -> Iterator[_Item]:
+    """Read the next batch (or row group) in a background thread while the caller works on this one.
 
     Parquet decoding releases the GIL, so reading overlaps allocation and the
     per-turn reduction; at most two batches are in memory.  Errors surface in order.

@@ -225,7 +225,8 @@ def audit_dumps(paths: Sequence[str | Path], options: ReportOptions | None = Non
     omitted.update(missing_inputs(reader.metadata()))
     _release_freed_memory()  # the stream's freed batch temporaries, before the per-turn matrices are built
     # one bootstrap for all: the same intervals as each statistic's own command
-    parts = [pooled.families()]
+    # each statistic's per-batch pieces handed back once its matrix holds them (the peak at 50M tokens)
+    parts = [pooled.families(released=_release_freed_memory)]
     dyn = per_step is not None and "dynamics" not in omitted
     if dyn:
         parts.append(per_step.families())
@@ -273,6 +274,10 @@ def _release_freed_memory() -> None:
     import ctypes
     import ctypes.util
 
+    import pyarrow as pa
+
+    # Arrow's allocator (mimalloc or jemalloc) keeps the pages of the decoded columns it has freed until asked
+    pa.default_memory_pool().release_unused()
     path = ctypes.util.find_library("c")
     try:
         trim = getattr(ctypes.CDLL(path), "malloc_trim", None) if path else None

@@ -9,7 +9,7 @@ stratified action-turn bootstrap for all statistics together (SPEC 7).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -277,14 +277,15 @@ class AuditAccumulator:
         self._ratio_moments[g] = [n, mean1 + d * n2 / n, m2a + m2b + d * d * n1 * n2 / n]
 
     # -- output
-    def families(self) -> list[tuple[str, RatioFamily]]:
+    def families(self, *, released: Callable[[], Any] | None = None) -> list[tuple[str, RatioFamily]]:
         """One bootstrap request per statistic, each from its own per-turn columns (SPEC 7).
 
         Their resamples depend on the seed and the turn layout only, so a statistic's
         interval is the same whichever other statistics (or accumulators, e.g. the
         report's) are bootstrapped with it.  Each statistic's columns are gathered into
         one (columns x turns) float64 matrix and the per-batch pieces are released as
-        they are used: about 8 bytes per turn per column at the peak.
+        they are used: about 8 bytes per turn per column at the peak.  ``released`` is called
+        after each statistic's pieces are dropped (to hand their freed pages back to the OS).
         """
         if self._n_clusters == 0:
             raise ValueError("no valid tokens to audit")
@@ -344,6 +345,8 @@ class AuditAccumulator:
                 final[c] = M[k]
                 if last[c] == i:
                     del self._cols[c]
+            if released is not None:
+                released()
             col_of = {c: k for k, c in enumerate([*names, *totals])}
             rix = {r[0]: j for j, r in enumerate(ratios)}
             out.append((stat, RatioFamily(

@@ -150,3 +150,14 @@ def test_coeffs_output_and_helper_files_carry_checksums(tmp_path: Path) -> None:
     with pytest.raises(SearchQADataError, match=f"{re.escape(str(qa))}.*checksum"):
         read_qa_parquet(qa)
     assert n > 0
+
+
+def test_corrupt_page_in_the_reports_first_pass_is_one_line(tmp_path: Path) -> None:
+    """The report's first pass (the landscape's ranks: delta and advantage, the next row group read in a thread
+    while this one is ranked) stops at a flipped delta page with the one line, exit 2, and writes nothing."""
+    f = write_table_atomic(dump_table(), tmp_path / "d.parquet", metadata=META, row_group_size=2500)
+    flip(f, middle_of_data_page(f, 1, "delta"))
+    out = tmp_path / "report"
+    line = one_line_exit_2(cli("audit", "report", str(f), "--out", str(out), "--resamples", "50"),
+                           f"{f}: column 'delta', row 2500: corrupt data in row group 1", "checksum")
+    assert "Traceback" not in line and not out.exists()

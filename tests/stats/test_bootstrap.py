@@ -200,6 +200,35 @@ def test_gathered_parts_agree_with_dense_products(monkeypatch):
     assert np.allclose(dense, got, rtol=1e-12, atol=1e-12 * np.abs(S).sum())
 
 
+@pytest.mark.parametrize("k, sparse", [(5, True), (11, False), (11, True), (5, False), (17, False)])
+def test_a_five_column_last_panel_runs_as_six_with_the_same_sums(monkeypatch, k: int, sparse: bool):
+    # a family whose dense columns end in a panel of PANEL - 1 (5, 11, 17) multiplies it as a full panel: one row
+    # up over the previous panel's last row, or, alone in the family's own dense copy, with a zero row under it.
+    # Reference: the counts themselves (S = identity) times the sums, group by group; and the exact sums of an
+    # integer copy of the same family (integers: exact in any order, so the padded panels must give them exactly)
+    from icsd_audit.stats.engine import resample
+
+    rng = np.random.default_rng(k + sparse)
+    sizes, n = [1200, 700, 1100], 3000
+    group_of = np.repeat([0, 0, 1], sizes)
+    S = rng.standard_normal((n, k + 2 * sparse)) * np.exp(2 * rng.standard_normal(k + 2 * sparse))
+    if sparse:  # two columns on 1 % of turns: parts, so the dense ones are the family's own copy
+        S[:, k:] *= rng.random((n, 1)) < 0.01
+        monkeypatch.setattr(resample, "_PART_OVERHEAD", 0)
+    lay = resample.Layout(np.asarray(sizes))
+    fam = resample.Family(np.ascontiguousarray(S.T), [0, 0, 1], 2, lay)
+    assert len(fam.dense) == k and bool(fam.parts) == sparse
+    last = fam.panels[-1]
+    assert last[:2] == ((k // 6) * 6, k) and last[3] - last[2] == (5 if (k, sparse) == (5, False) else 6)
+    C = counts_matrix(sizes, 300, seed=5)
+    ref = np.stack([C[:, group_of == g] @ S[group_of == g] for g in (0, 1)], axis=1)
+    got = np.concatenate([T for _, _, T in resampled_sums(S, sizes, [0, 0, 1], 2, 300, rng=5)])
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(S).sum())
+    Z = np.round(S * 50)
+    exact = np.stack([C[:, group_of == g] @ Z[group_of == g] for g in (0, 1)], axis=1)
+    assert np.array_equal(np.concatenate([T for _, _, T in resampled_sums(Z, sizes, [0, 0, 1], 2, 300, rng=5)]), exact)
+
+
 def test_a_total_of_parts_is_their_resampled_sums_added():
     # the share shift's denominator: the total of its bins, from the bins' resampled sums (no product of its own).
     # Reference: the exact multiplicities (S = identity, the same seed) times the explicit total column.

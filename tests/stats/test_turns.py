@@ -115,3 +115,26 @@ def test_bin_sums_are_bincounts(once: bool) -> None:
     for i in range(11):
         want = np.bincount(cluster[bins == i], weights=values[bins == i], minlength=5000)
         assert np.array_equal(got[i].view(np.int64), want.view(np.int64)), i  # (the bits, signs of zeros included)
+
+
+def test_families_release_hook_runs_once_per_statistic_after_its_pieces_are_dropped() -> None:
+    """``families(released=...)`` (the report hands freed heap pages back there): called once per statistic, each
+    time with that statistic's per-batch pieces gone, and the families the same bits as without it."""
+    from icsd_audit.stats.accumulator import AuditAccumulator
+
+    tokens, w = _shared_turns_tokens(False)
+    plain, hooked = AuditAccumulator(), AuditAccumulator()
+    plain.add(tokens, w)
+    hooked.add(tokens, w)
+    left: list[set[str]] = []
+    want = [f for _, f in plain.families()]
+    got = [f for _, f in hooked.families(released=lambda: left.append(set(hooked._cols)))]
+    assert len(left) == len(got) == len(want) == len(hooked.statistics) == 4
+    # the pieces left after each statistic: fewer each time, that statistic's own gone (TCM's first; the weight
+    # totals only after clipping, their last user), and no weighted sum at all after the last
+    assert all(b < a for a, b in zip(left, left[1:]))
+    assert "tcm_num_b" not in left[0] and "total_b" in left[2] and "total_b" not in left[3]
+    assert all(k.endswith("_n") for k in left[-1])
+    for a, b in zip(want, got):
+        assert np.asarray(a.sums).tobytes() == np.asarray(b.sums).tobytes()
+        assert (a.numerator_index, a.denominator_index, a.names) == (b.numerator_index, b.denominator_index, b.names)
