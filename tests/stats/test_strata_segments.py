@@ -58,16 +58,21 @@ def _by_hand(t: Tokens, w: Weights, turn_of: np.ndarray, x: np.ndarray, edges: n
                 "tcm:base": S[..., 3] / S[..., 4], "tcm:compare": S[..., 5] / S[..., 6]}
 
 
+def _strata(*, seed: int, by: str, bins: int):
+    """The random turns of ``seed``, their covariate, and the strata accumulator and family over them."""
+    t, w, turn_of = _turns(seed=seed)
+    x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
+    spec = StrataSpec(by, bins=bins)
+    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
+    acc.add(t, w, x=x)
+    return t, w, turn_of, x, spec, acc, acc.family()
+
+
 @pytest.mark.parametrize("by", ["pos", "abs_delta"])
 def test_sorted_tiles_equal_resampled_turns_by_hand(monkeypatch, by):
     monkeypatch.setattr(segments, "TILE", 32)  # several tiles, each with its classes and ranges
     monkeypatch.setattr(segments, "WIDTH", 8)  # and ranges cut into several products
-    t, w, turn_of = _turns(seed=1)
-    x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
-    spec = StrataSpec(by, bins=6)
-    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
-    acc.add(t, w, x=x)
-    fam = acc.family()
+    t, w, turn_of, x, spec, acc, fam = _strata(seed=1, by=by, bins=6)
     (raw,) = bootstrap_ratio_families([fam], n_resamples=96, rng=7, keep_replicates=True)
     want = _by_hand(t, w, turn_of, x, acc.edges, 96, seed=7)
     for q, ref in want.items():
@@ -125,12 +130,7 @@ def test_half_panels_change_no_bit(monkeypatch, by):
     row is multiplied over a range holding all its nonzero clusters either way, so the same bits; and the split
     panels against the slow reference."""
     monkeypatch.setattr(segments, "TILE", 64)
-    t, w, turn_of = _turns(seed=3)
-    x = t.columns["pos"].astype(float) if by == "pos" else np.abs(t.delta)
-    spec = StrataSpec(by, bins=10)
-    acc = StrataAccumulator(spec=spec, edges=strata_edges(x, spec))
-    acc.add(t, w, x=x)
-    fam = acc.family()
+    t, w, turn_of, x, spec, acc, fam = _strata(seed=3, by=by, bins=10)
     runs = {}
     for call_cost in (10**9, 0):  # never split, split wherever a half is narrower
         monkeypatch.setattr(segments, "_CALL_COST", call_cost)
