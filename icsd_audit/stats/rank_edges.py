@@ -116,9 +116,14 @@ def unsorted_value_edges(values: np.ndarray, grid: int) -> tuple[np.ndarray, flo
         zeros += int(np.count_nonzero(k == 0))
     s = np.concatenate(parts)
     s.sort()
+    # F is the same for every copy of a value: one entry per distinct gathered key (a bucket of exact zeros can
+    # hold most of the values), its copies at s[start:end]
+    start = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]])) if s.size else np.zeros(0, np.int64)
+    end = np.append(start[1:], s.size)
+    s = s[start]
     # #(< v) for a gathered v: the values of lower buckets not gathered, plus the gathered ones below it
     off = (before - np.cumsum(np.where(cand, counts, 0)) + np.where(cand, counts, 0))[(s >> shift) + half]
-    f = 2 * off + np.searchsorted(s, s, side="left") + np.searchsorted(s, s, side="right")
+    f = 2 * off + start + end
 
     def value(i: int) -> float:
         if i >= s.size:
