@@ -35,7 +35,11 @@ block's counts, tile by tile (:data:`TILE` clusters) and :data:`PANEL` columns p
 product; columns that are nonzero on few clusters (a share-shift bin, the clipped
 tokens) are multiplied by those clusters' gathered counts only.  Every shape and every
 such choice depends on the family's own sums, so a statistic's resampled sums are the
-same bits whatever other statistics share the draw.  A tile of sums is read once per
+same bits whatever other statistics share the draw.  Two ways of sharing work keep them:
+the parts of every family are gathered in one pass over the counts (a copy), and the
+dense columns of several families are multiplied in shared products
+(:mod:`icsd_audit.stats.engine.fused`) only where this process's BLAS is checked to give
+each column the bits of its family's own panels.  A tile of sums is read once per
 work unit of SUPER blocks (then from cache), which matters once they outgrow the
 caches.  Extra workers are forked processes on Linux (:mod:`icsd_audit.stats.engine.forked`:
 the engine holds the GIL too often for threads to help), threads elsewhere; inside
@@ -57,6 +61,7 @@ import numpy as np
 
 from icsd_audit.stats.engine.counts import BLOCK, TUPLE, Layout, block_counts, block_generator
 from icsd_audit.stats.engine.forked import BlasThreads, ForkedBlocks, fork_available
+from icsd_audit.stats.engine.fused import FusedDense
 
 __all__ = ["BLOCK", "TUPLE", "TILE", "PANEL", "Layout", "Family", "family_sums", "resampled_sums",
            "batch_resampled_sums", "check_rng", "stream_seed", "unit_runner", "UnitRunner", "ThreadBuffers"]
@@ -209,12 +214,10 @@ class Family:
 
     @property
     def part_rows(self) -> np.ndarray:
-        """Every part's clusters, part after part (one gather per block)."""
+        """Every part's clusters, part after part (their counts are gathered in this order)."""
         if not hasattr(self, "_part_rows"):
             self._part_rows = np.concatenate([p.rows for p in self.parts]) if self.parts else np.zeros(0, np.int64)
             self.part_off = np.concatenate([[0], np.cumsum([p.rows.size for p in self.parts])[:-1]]).astype(int).tolist()
-            self._to = np.argsort(self._part_rows, kind="stable")  # the gather reads the counts in ascending order
-            self._from = self._part_rows[self._to]
         return self._part_rows
 
     @property
@@ -248,14 +251,11 @@ class Family:
                 prod = np.matmul(self.ST[q0:q1, a:z], cf[:, a - c0 : z - c0])
                 acc[g, :, p0:p1] += prod if q0 == p0 and q1 == p1 else prod[:, p0 - q0 : p1 - q0]
 
-    def add_parts(self, counts: np.ndarray, gbuf: np.ndarray, cf: np.ndarray, acc_of: Any) -> None:
-        """Every part's sums: the parts' clusters' counts gathered at once into ``gbuf``, then converted
-        tile by tile and multiplied part by part (and group by group) where they meet a tile."""
+    def add_parts(self, got: np.ndarray, cf: np.ndarray, acc_of: Any) -> None:
+        """Every part's sums from its clusters' counts ``got`` (SUPER, :attr:`part_rows`, BLOCK; gathered by
+        the engine), converted tile by tile and multiplied part by part (and group by group) where they meet a tile."""
         if not self.parts:
             return
-        got = gbuf[:, : self.part_rows.size]
-        for j in range(counts.shape[0]):
-            _gather_rows(counts[j], self._from, self._to, got[j])
         for t0 in range(0, got.shape[1], TILE):
             t1 = min(got.shape[1], t0 + TILE)
             x = cf[:, : t1 - t0]
@@ -274,12 +274,35 @@ class Family:
                         acc[g, :, p0:p1] += np.matmul(part.ST[p0:p1, a - off : z - off], x[:, a - t0 : z - t0])
 
 
+class _Gather:
+    """Every family's part rows, family after family (each family's :attr:`Family.part_rows` in one stretch,
+    ``span[i]`` for the i-th family), gathered in one pass per block: the clusters read once, in ascending
+    order, whichever families need them (a copy: the same bytes as a gather of each family's own)."""
+
+    def __init__(self, families: Sequence[Family]):
+        mine = [i for i, f in enumerate(families) if f.parts and not getattr(f, "own_products", False)]
+        rows = [families[i].part_rows for i in mine]
+        ends = np.cumsum([r.size for r in rows]).astype(int).tolist()
+        self.span = {i: (e - r.size, e) for i, r, e in zip(mine, rows, ends)}
+        self.size = ends[-1] if ends else 0
+        both = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        self.to = np.argsort(both, kind="stable")  # the gather reads the counts in ascending order
+        self.src = both[self.to]
+
+    def __call__(self, counts: np.ndarray, gbuf: np.ndarray) -> np.ndarray:
+        got = gbuf[:, : self.size]
+        for j in range(counts.shape[0]):
+            _gather_rows(counts[j], self.src, self.to, got[j])
+        return got
+
+
 def _gather_rows(src: np.ndarray, rows: np.ndarray, to: np.ndarray, out: np.ndarray) -> None:
     """``out[to] = src[rows]`` for rows of BLOCK bytes, ``rows`` ascending, a slice at a time.
 
     One pass over ``src`` in order, written in as many sequential streams as there are parts,
     where a gather part after part would read ``src`` once per part (the share shift's 11 bins
-    cover every turn): about 2.5x as fast as ``np.take``, the same bytes.
+    cover every turn, and the clipped tokens' and the landscape's parts meet the same clusters):
+    about 2.5x as fast as ``np.take``, the same bytes.
     """
     row = np.dtype((np.void, src.shape[1]))
     s, o = src.view(row).reshape(-1), out.view(row).reshape(-1)
@@ -310,39 +333,53 @@ class _Engine(ThreadBuffers):
         self.lay, self.families, self.seed_seq = lay, list(families), seed_seq
         self.width = sum(f.width for f in self.families)
         self._local = threading.local()
+        fused = FusedDense(self.families, lay.n, TILE)
+        self.fused = fused if fused.worth_it() else None
+        self.gather = _Gather(self.families)
 
-    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's counts (one slab per block), float64 tile, gathered counts and fused rows' tile, reused
+        unit after unit.
 
         Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
         advice on arrays of 4 MB or more can stall the fault on compaction).
         """
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            gathered = max((f.gathered for f in self.families), default=0)
+            gathered = self.gather.size
             buf = self._local.buf = (np.empty((SUPER, self.lay.n, BLOCK), dtype=np.int8),
                                      np.empty((SUPER, min(max(self.lay.n, gathered), TILE), BLOCK), dtype=np.float64),
-                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8))
+                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8),
+                                     np.empty((self.fused.width if self.fused else 0, min(self.lay.n, TILE))))
         return buf
 
     def block(self, u: int) -> np.ndarray:
         """(SPAN, total width): every family's (groups x K) sums over the resamples of work unit u (SUPER blocks)."""
-        counts, cbuf, gbuf = self._buffers()
+        counts, cbuf, gbuf, fbuf = self._buffers()
         for j in range(SUPER):
             block_counts(block_generator(self.seed_seq, u * SUPER + j), counts[j], self.lay)
         # a family with products of its own (:class:`icsd_audit.stats.engine.segments.SegmentedFamily`) takes the counts
         accs = [None if getattr(f, "own_products", False) else np.zeros((f.n_groups, SUPER, len(f.dense), BLOCK))
                 for f in self.families]
+        # several families' dense columns in shared products, where this process's BLAS gives them their own bits
+        fused = self.fused if self.fused is not None and self.fused.verified(self.families, SUPER, BLOCK) else None
+        own = [f.panels and (fused is None or i not in fused.members) for i, f in enumerate(self.families)]
+        facc = np.zeros((SUPER, fused.width, BLOCK)) if fused is not None else None
         if any(f.panels for f in self.families):
             for c0 in range(0, self.lay.n, TILE):
                 c1 = min(self.lay.n, c0 + TILE)
                 cf = cbuf[:, : c1 - c0]
                 np.copyto(cf, counts[:, c0:c1], casting="unsafe")
-                for f, acc in zip(self.families, accs):
-                    if f.panels:
+                if fused is not None:
+                    fused.add_tile(self.families, cf, c0, c1, fbuf, facc)
+                for f, acc, mine in zip(self.families, accs, own):
+                    if mine:
                         f.add_tile(cf, c0, c1, acc)
+        if fused is not None:
+            fused.scatter(facc, accs)
+        got = self.gather(counts, gbuf)  # every family's parts' counts, in one pass
         out = []
-        for f, acc in zip(self.families, accs):
+        for i, (f, acc) in enumerate(zip(self.families, accs)):
             if acc is None:
                 out.append(f.unit_sums(counts))
                 continue
@@ -353,7 +390,9 @@ class _Engine(ThreadBuffers):
             def acc_of(part: _Part, part_acc: dict = part_acc, f: Family = f) -> np.ndarray:
                 return part_acc.setdefault(id(part), np.zeros((f.n_groups, SUPER, part.cols.size, BLOCK)))
 
-            f.add_parts(counts, gbuf, cbuf, acc_of)
+            if f.parts:
+                a, z = self.gather.span[i]
+                f.add_parts(got[:, a:z], cbuf, acc_of)
             for part in f.parts:
                 if id(part) in part_acc:
                     T[:, :, part.cols] = part_acc[id(part)]
