@@ -1,5 +1,5 @@
 """Where the report's bootstrap time goes beyond ``icsd audit tcm``'s, statistic by statistic, and what fusing
-their products would give.
+their products gives (the engine fuses them where its BLAS check passes: ``icsd_audit.stats.engine.fused``).
 
 Usage: python benchmarks/bench_report_products.py DUMPS [--units 4] [--repeats 3]
        python benchmarks/bench_report_products.py --widths
@@ -10,7 +10,7 @@ thread, ``--units`` work units of the resample stream (64 resamples each; 10,000
 * the draw of counts alone (a statistic with no column), which every command pays once;
 * each statistic alone (its products = its time less the draw), and all of them on one draw, as the report
   runs them;
-* the experiment the last round's notes proposed: every statistic's dense columns (the distinct ones, a
+* the engine's fused products, by hand: every statistic's dense columns (the distinct ones, a
   column two statistics share once) in one fused product per tile (at most 30 columns per call), against the
   statistics' own products on the same counts, with a bit-for-bit comparison of the sums;
 * ``--widths``: whether the BLAS gives a column the same bits in a product of P columns (P = 1..40, random data,
