@@ -283,7 +283,7 @@ class _Gather:
     order, whichever families need them (a copy: the same bytes as a gather of each family's own)."""
 
     def __init__(self, families: Sequence[Family]):
-        mine = [i for i, f in enumerate(families) if f.parts and not getattr(f, "own_products", False)]
+        mine = [i for i, f in enumerate(families) if f.parts]  # (a family with products of its own has none)
         rows = [families[i].part_rows for i in mine]
         ends = np.cumsum([r.size for r in rows]).astype(int).tolist()
         self.span = {i: (e - r.size, e) for i, r, e in zip(mine, rows, ends)}

@@ -72,7 +72,6 @@ class SegmentedFamily(ThreadBuffers):
     own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
     panels: list = []
     parts: list = []
-    gathered = 0
     n_groups = 1
 
     def __init__(self, ST: np.ndarray, groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], lay: Layout,
