@@ -90,10 +90,11 @@ def test_the_engine_fuses_only_what_this_blas_gives_the_same_bits(small_parts, m
             out[..., -1, :] = np.nextafter(out[..., -1, :], np.inf)
         return out
 
-    eng2 = resample._Engine(lay, fams, np.random.SeedSequence(2))
     monkeypatch.setattr(fused_mod.np, "matmul", odd)
+    eng2 = resample._Engine(lay, fams, np.random.SeedSequence(2))  # (the engine checks its BLAS when built)
     assert eng2.fused is not None and not eng2.fused.verified(fams, resample.SUPER, resample.BLOCK)
     assert calls  # the check ran fused products
+    assert eng2.fused.rows is None  # no fused rows held for products that will not run
     assert eng2.block(1).tobytes() == ref.tobytes()
 
 
@@ -105,7 +106,7 @@ def test_the_verdict_is_each_process_own(small_parts):
     eng.block(0)
     assert eng.fused._verdict is True  # (this BLAS, checked in this process)
     copy = pickle.loads(pickle.dumps(eng))  # what a Ray worker receives
-    assert copy.fused._verdict is None
+    assert copy.fused._verdict is None and copy.fused.rows is None  # (its rows are built where it is checked)
     assert copy.block(3).tobytes() == eng.block(3).tobytes()
 
 

@@ -338,11 +338,13 @@ class _Engine(ThreadBuffers):
         self._local = threading.local()
         fused = FusedDense(self.families, lay.n, TILE)
         self.fused = fused if fused.worth_it() else None
+        if self.fused is not None:  # checked (and its rows built) here, where forked workers share them
+            with BlasThreads(1):
+                self.fused.verified(self.families, SUPER, BLOCK)
         self.gather = _Gather(self.families)
 
-    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's counts (one slab per block), float64 tile, gathered counts and fused rows' tile, reused
-        unit after unit.
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
 
         Fresh arrays of megabytes would each cost page faults (and NumPy's huge-page
         advice on arrays of 4 MB or more can stall the fault on compaction).
@@ -352,13 +354,12 @@ class _Engine(ThreadBuffers):
             gathered = self.gather.size
             buf = self._local.buf = (np.empty((SUPER, self.lay.n, BLOCK), dtype=np.int8),
                                      np.empty((SUPER, min(max(self.lay.n, gathered), TILE), BLOCK), dtype=np.float64),
-                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8),
-                                     np.empty((self.fused.width if self.fused else 0, min(self.lay.n, TILE))))
+                                     np.empty((SUPER, gathered, BLOCK), dtype=np.int8))
         return buf
 
     def block(self, u: int) -> np.ndarray:
         """(SPAN, total width): every family's (groups x K) sums over the resamples of work unit u (SUPER blocks)."""
-        counts, cbuf, gbuf, fbuf = self._buffers()
+        counts, cbuf, gbuf = self._buffers()
         for j in range(SUPER):
             block_counts(block_generator(self.seed_seq, u * SUPER + j), counts[j], self.lay)
         # a family with products of its own (:class:`icsd_audit.stats.engine.segments.SegmentedFamily`) takes the counts
@@ -374,7 +375,7 @@ class _Engine(ThreadBuffers):
                 cf = cbuf[:, : c1 - c0]
                 np.copyto(cf, counts[:, c0:c1], casting="unsafe")
                 if fused is not None:
-                    fused.add_tile(self.families, cf, c0, c1, fbuf, facc)
+                    fused.add_tile(cf, c0, c1, facc)
                 for f, acc, mine in zip(self.families, accs, own):
                     if mine:
                         f.add_tile(cf, c0, c1, acc)
