@@ -30,6 +30,9 @@ __all__ = ["AuditAccumulator", "midrank_bins"]
 
 #: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
 _HUGE_PAGE_BYTES = 4 << 20
+#: the per-turn float columns :meth:`AuditAccumulator.results` reads (the quadrants' exact-zero test); the count
+#: columns (``*_n``) are kept apart
+_RESULT_COLUMNS = frozenset({"total_b", "total_c", *(f"q_{r}_{x}" for r in REGIONS for x in "bc")})
 
 
 def _check_positive(name: str, x: Any, *, strict: bool = True) -> float:
@@ -335,14 +338,16 @@ class AuditAccumulator:
         needed = [sorted({c for _, a, b in ratios for c in (a, b) if c not in totals})
                   for _, ratios, _, totals in specs]
         last = {c: i for i, names in enumerate(needed) for c in names}
-        self._cols_final = final = {k: np.concatenate(v) for k, v in self._cols.items() if k.endswith("_n")
-                                    and k != "clip_out_n" and k != "clip_flat_n" and k != "clip_cap_n"}
+        # the token counts the results read, as counted (int32); the clipping's are also columns of its matrix,
+        # which is not kept
+        self._cols_final = final = {k: np.concatenate(v) for k, v in self._cols.items() if k.endswith("_n")}
         out: list[tuple[str, RatioFamily]] = []
         for i, ((stat, ratios, diffs, totals), names) in enumerate(zip(specs, needed)):
             M = np.empty((len(names), self._n_clusters), dtype=np.float64)
             for k, c in enumerate(names):
                 np.concatenate(self._cols[c], out=M[k], casting="unsafe")
-                final[c] = M[k]
+                if c in _RESULT_COLUMNS and c not in final:  # (the first matrix's row: the clipping's totals are
+                    final[c] = M[k]  # the quadrants'; no other row is kept, and a matrix no result reads goes)
                 if last[c] == i:
                     del self._cols[c]
             if released is not None:

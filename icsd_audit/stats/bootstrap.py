@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -358,7 +358,7 @@ class RatioFamily:
 class _Prepared:
     """A family sorted into its layout: clusters by (group, stratum), its columns, its point estimates."""
 
-    ST: np.ndarray  # (used columns, clusters), clusters in layout order
+    ST: np.ndarray | None  # (used columns, clusters), clusters in layout order (None once the engine has it)
     num: np.ndarray
     den: np.ndarray
     diffs: list[tuple[int, int]]
@@ -453,7 +453,7 @@ def _prepare(fam: RatioFamily) -> _Prepared:
 
 
 def bootstrap_ratio_families(
-    families: Sequence[RatioFamily],
+    families: Iterable[RatioFamily],
     *,
     n_resamples: int = 10_000,
     confidence_level: float = 0.95,
@@ -472,6 +472,11 @@ def bootstrap_ratio_families(
     are the same bits as when it is bootstrapped alone (SPEC 7, one interval per
     statistic).  ``rng`` is read once (an int seed always gives the same stream).
     Options as in :func:`bootstrap_ratio_columns`; ``keep_replicates`` may be given per family.
+
+    Each family's sums are read once, when it is laid out, and held here only as long as the
+    engine needs them (a statistic whose columns the engine copies, e.g. sparse parts, does not
+    keep its matrix): a caller that hands the families over one by one (an iterator, no list of
+    its own) lets each matrix go during the bootstrap.
     """
     n_resamples, confidence_level, unit = _check_options(n_resamples, confidence_level, unit)
     chunk_size = _check_chunk(chunk_size)
@@ -491,6 +496,8 @@ def bootstrap_ratio_families(
             lay = Layout(preps[idx[0]].sizes)
             fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) if preps[i].segments is None
                     else SegmentedFamily(preps[i].ST, *preps[i].segments, lay, workers=workers) for i in idx]
+            for i in idx:  # what the engine needs it holds; the rest may go
+                preps[i].ST = None
             for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):
                 for i, T in zip(idx, Ts):
                     reps[i][r0:r1] = preps[i].stats_of(T)
@@ -498,6 +505,7 @@ def bootstrap_ratio_families(
         for i, p in enumerate(preps):
             # each family's batch multiplicities from the same child stream: a function of the layout only
             gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence(seed.entropy, spawn_key=(2**32,))))
+            assert p.ST is not None
             bsums = np.add.reduceat(p.ST, p.sstarts, axis=1).T
             for r0, r1, T in batch_resampled_sums(bsums, p.sgroup, len(p.gvalues), n_resamples, gen,
                                                   chunk_size=chunk_size or 1024):
