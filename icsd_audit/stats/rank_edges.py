@@ -23,6 +23,8 @@ __all__ = ["REGION_QUANTILE", "value_edges", "unsorted_value_edges", "linear_qua
 REGION_QUANTILE = 0.8
 #: bits of a value's key that pick its bucket (2**20 buckets: 1/2048 of a binade for float32), values per chunk
 _BUCKET_BITS = 20
+#: a candidate bucket spans 2**(key bits - 20) keys: counted one by one up to this many bits (float32: 12), sorted above
+_KEY_HISTOGRAM_BITS = 12
 _CHUNK = 1 << 20
 #: below this many values :func:`linear_quantiles` hands them to NumPy (its partition is as fast there)
 _SMALL = 1 << 16
@@ -109,18 +111,22 @@ def unsorted_value_edges(values: np.ndarray, grid: int) -> tuple[np.ndarray, flo
     cand = np.zeros(counts.size, dtype=bool)
     cand[first] = True
     cand[filled[nxt[nxt < filled.size]]] = True
+    # F is the same for every copy of a value: one entry per distinct key of the candidate buckets (a bucket of
+    # exact zeros can hold most of the values), s[i] with its copies at positions start[i]:end[i] of those buckets'
+    # values in order
     parts, zeros = [], 0
     for c0 in range(0, n, _CHUNK):
         k = keys[c0 : c0 + _CHUNK]
         parts.append(k[cand[(k >> shift) + half]])
         zeros += int(np.count_nonzero(k == 0))
     s = np.concatenate(parts)
-    s.sort()
-    # F is the same for every copy of a value: one entry per distinct gathered key (a bucket of exact zeros can
-    # hold most of the values), its copies at s[start:end]
-    start = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]])) if s.size else np.zeros(0, np.int64)
-    end = np.append(start[1:], s.size)
-    s = s[start]
+    if shift <= _KEY_HISTOGRAM_BITS:
+        s, start, end = _distinct_keys(s, cand, shift, half)
+    else:
+        s.sort()
+        start = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]])) if s.size else np.zeros(0, np.int64)
+        end = np.append(start[1:], s.size)
+        s = s[start]
     # #(< v) for a gathered v: the values of lower buckets not gathered, plus the gathered ones below it
     off = (before - np.cumsum(np.where(cand, counts, 0)) + np.where(cand, counts, 0))[(s >> shift) + half]
     f = 2 * off + start + end
@@ -137,6 +143,22 @@ def unsorted_value_edges(values: np.ndarray, grid: int) -> tuple[np.ndarray, flo
     below = int(before[half])  # keys < 0: the negative values
     zero = (float(below) + 0.5 * float(zeros)) / n
     return edges, top, zero
+
+
+def _distinct_keys(s: np.ndarray, cand: np.ndarray, shift: int, half: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct keys of ``s`` (the values of the candidate buckets) in order, and where each one's copies start
+    and end in ``s`` sorted: a histogram of the keys' low ``shift`` bits per candidate bucket (2**12 entries each
+    for float32), the answer a sort gives, without the sort."""
+    ids = np.flatnonzero(cand)
+    rank = np.full(cand.size, -1, dtype=np.int64)
+    rank[ids] = np.arange(ids.size)
+    width = 1 << shift
+    hist = np.bincount((rank[(s >> shift) + half] << shift) + (s & (width - 1)), minlength=ids.size * width)
+    at = np.flatnonzero(hist)
+    cnt = hist[at]
+    end = np.cumsum(cnt)
+    keys = ((ids[at >> shift] - half) << shift) + (at & (width - 1))
+    return keys.astype(s.dtype), end - cnt, end
 
 
 def _unsigned_keys(values: np.ndarray) -> tuple[np.ndarray, Any] | None:
