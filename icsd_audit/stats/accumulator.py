@@ -30,8 +30,7 @@ __all__ = ["AuditAccumulator", "midrank_bins"]
 
 #: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
 _HUGE_PAGE_BYTES = 4 << 20
-#: the per-turn float columns :meth:`AuditAccumulator.results` reads (the quadrants' exact-zero test); the count
-#: columns (``*_n``) are kept apart
+#: the per-turn float columns :meth:`AuditAccumulator.results` reads (the quadrants' exact-zero test; counts apart)
 _RESULT_COLUMNS = frozenset({"total_b", "total_c", *(f"q_{r}_{x}" for r in REGIONS for x in "bc")})
 
 
@@ -240,10 +239,9 @@ class AuditAccumulator:
     def merge(self, part: "AuditAccumulator") -> None:
         """Append ``part``, an accumulator of the same settings that holds one batch, after the batches here.
 
-        The same bits as adding that batch here (:meth:`add`): its per-turn sums are kept
-        as computed, its group values take this accumulator's codes, its turns are
-        numbered after these, and its ratio moments merge by the same formula. So a
-        batch may be reduced anywhere (a Ray worker) and merged here in batch order.
+        The same bits as adding that batch here (:meth:`add`): its per-turn sums are kept as computed, its group
+        values take this accumulator's codes, its turns are numbered after these, and its ratio moments merge by
+        the same formula. So a batch may be reduced anywhere (a Ray worker) and merged here in batch order.
         """
         same = ("statistics", "eps", "clip_eps", "dual_clip", "n_bins", "base_name", "compare_name", "by")
         if any(getattr(part, k) != getattr(self, k) for k in same):
@@ -283,12 +281,11 @@ class AuditAccumulator:
     def families(self, *, released: Callable[[], Any] | None = None) -> list[tuple[str, RatioFamily]]:
         """One bootstrap request per statistic, each from its own per-turn columns (SPEC 7).
 
-        Their resamples depend on the seed and the turn layout only, so a statistic's
-        interval is the same whichever other statistics (or accumulators, e.g. the
-        report's) are bootstrapped with it.  Each statistic's columns are gathered into
-        one (columns x turns) float64 matrix and the per-batch pieces are released as
-        they are used: about 8 bytes per turn per column at the peak.  ``released`` is called
-        after each statistic's pieces are dropped (to hand their freed pages back to the OS).
+        Their resamples depend on the seed and the turn layout only, so a statistic's interval is the same whichever
+        other statistics (or accumulators, e.g. the report's) are bootstrapped with it.  Each statistic's columns are
+        gathered into one (columns x turns) float64 matrix and the per-batch pieces are released as they are used:
+        about 8 bytes per turn per column at the peak.  ``released`` is called after each statistic's pieces are
+        dropped (to hand their freed pages back to the OS).
         """
         if self._n_clusters == 0:
             raise ValueError("no valid tokens to audit")
@@ -338,16 +335,15 @@ class AuditAccumulator:
         needed = [sorted({c for _, a, b in ratios for c in (a, b) if c not in totals})
                   for _, ratios, _, totals in specs]
         last = {c: i for i, names in enumerate(needed) for c in names}
-        # the token counts the results read, as counted (int32); the clipping's are also columns of its matrix,
-        # which is not kept
+        # the token counts the results read, as counted (int32; the clipping's matrix, which has them too, goes)
         self._cols_final = final = {k: np.concatenate(v) for k, v in self._cols.items() if k.endswith("_n")}
         out: list[tuple[str, RatioFamily]] = []
         for i, ((stat, ratios, diffs, totals), names) in enumerate(zip(specs, needed)):
             M = np.empty((len(names), self._n_clusters), dtype=np.float64)
             for k, c in enumerate(names):
                 np.concatenate(self._cols[c], out=M[k], casting="unsafe")
-                if c in _RESULT_COLUMNS and c not in final:  # (the first matrix's row: the clipping's totals are
-                    final[c] = M[k]  # the quadrants'; no other row is kept, and a matrix no result reads goes)
+                if c in _RESULT_COLUMNS and c not in final:  # (the quadrants' totals; a matrix no result reads goes)
+                    final[c] = M[k]
                 if last[c] == i:
                     del self._cols[c]
             if released is not None:

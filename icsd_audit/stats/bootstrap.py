@@ -95,10 +95,9 @@ def exact_zero_result(n_resamples: int, confidence_level: float, unit: str = "ac
 class RatioBootstrapResult:
     """Ratios ``sum num_j / sum den_j`` and their differences, per group.
 
-    Arrays have shape ``(n_groups, n_statistics)``; the statistics are the ratios in
-    input order followed by the requested differences.  ``n_valid`` counts, per
-    statistic, the resamples in which it was defined.  ``replicates`` (only when asked
-    for) has shape ``(n_resamples, n_groups, n_statistics)``.
+    Arrays have shape ``(n_groups, n_statistics)``; the statistics are the ratios in input order followed by the
+    requested differences.  ``n_valid`` counts, per statistic, the resamples in which it was defined.
+    ``replicates`` (only when asked for) has shape ``(n_resamples, n_groups, n_statistics)``.
     """
 
     estimate: np.ndarray
@@ -332,14 +331,13 @@ def cluster_bootstrap_ratio(
 class RatioFamily:
     """One statistic's bootstrap request: ratios of per-cluster column sums (and their differences).
 
-    ``sums`` (n_clusters x K) holds each per-cluster sum once; ratio j is
-    ``sum sums[:, numerator_index[j]] / sum sums[:, denominator_index[j]]`` per group;
-    ``strata`` / ``groups`` label the clusters (batch, and e.g. step); ``differences``
-    pairs (a, b) of ratio indices, ratio_a - ratio_b on the same resample; ``names``
-    label the ratios then the differences.  ``totals``: columns K, K + 1, ..., each the total
-    of some of ``sums``' columns (its parts, e.g. the five sign regions of a turn's mass): its
-    point and resampled sums are its parts' added in order, with no product of its own.
-    ``column_groups``, ``tied``: bins and (numerator, denominator) pairs (:mod:`icsd_audit.stats.engine.segments`).
+    ``sums`` (n_clusters x K) holds each per-cluster sum once; ratio j is ``sum sums[:, numerator_index[j]] / sum
+    sums[:, denominator_index[j]]`` per group; ``strata`` / ``groups`` label the clusters (batch, and e.g. step);
+    ``differences`` pairs (a, b) of ratio indices, ratio_a - ratio_b on the same resample; ``names`` label the ratios
+    then the differences.  ``totals``: columns K, K + 1, ..., each the total of some of ``sums``' columns (its parts,
+    e.g. the five sign regions of a turn's mass): its point and resampled sums are its parts' added in order, with no
+    product of its own.  ``column_groups``, ``tied``: bins and (numerator, denominator) pairs
+    (:mod:`icsd_audit.stats.engine.segments`).
     """
 
     sums: Any
@@ -466,17 +464,13 @@ def bootstrap_ratio_families(
 ) -> list[RatioBootstrapResult]:
     """Bootstrap several statistics, each from its own columns, on the resample stream of their layouts.
 
-    The resamples of a family depend only on ``rng`` and its layout (the sizes of its
-    strata, sorted by group then stratum), never on the other families: families
-    with the same layout are computed from one draw of counts, and each one's values
-    are the same bits as when it is bootstrapped alone (SPEC 7, one interval per
-    statistic).  ``rng`` is read once (an int seed always gives the same stream).
-    Options as in :func:`bootstrap_ratio_columns`; ``keep_replicates`` may be given per family.
-
-    Each family's sums are read once, when it is laid out, and held here only as long as the
-    engine needs them (a statistic whose columns the engine copies, e.g. sparse parts, does not
-    keep its matrix): a caller that hands the families over one by one (an iterator, no list of
-    its own) lets each matrix go during the bootstrap.
+    The resamples of a family depend only on ``rng`` and its layout (the sizes of its strata, sorted by group then
+    stratum), never on the other families: families with the same layout are computed from one draw of counts, and
+    each one's values are the same bits as when it is bootstrapped alone (SPEC 7, one interval per statistic).
+    ``rng`` is read once (an int seed always gives the same stream).  Options as in :func:`bootstrap_ratio_columns`;
+    ``keep_replicates`` may be given per family.  A family's matrix is held here only while the engine needs it
+    (not where the engine keeps copies, e.g. sparse parts): families handed over one by one (an iterator, no list
+    of the caller's) let each matrix go during the bootstrap.
     """
     n_resamples, confidence_level, unit = _check_options(n_resamples, confidence_level, unit)
     chunk_size = _check_chunk(chunk_size)
@@ -505,7 +499,6 @@ def bootstrap_ratio_families(
         for i, p in enumerate(preps):
             # each family's batch multiplicities from the same child stream: a function of the layout only
             gen = np.random.Generator(np.random.SFC64(np.random.SeedSequence(seed.entropy, spawn_key=(2**32,))))
-            assert p.ST is not None
             bsums = np.add.reduceat(p.ST, p.sstarts, axis=1).T
             for r0, r1, T in batch_resampled_sums(bsums, p.sgroup, len(p.gvalues), n_resamples, gen,
                                                   chunk_size=chunk_size or 1024):
@@ -542,11 +535,10 @@ def bootstrap_ratio_columns(
 ) -> RatioBootstrapResult:
     """:func:`cluster_bootstrap_ratio` on a shared column table.
 
-    ``sums`` (n_clusters x K) holds each per-cluster sum once; ratio j is
-    ``sum sums[:, numerator_index[j]] / sum sums[:, denominator_index[j]]``.  Ratios
-    sharing a column resample it once, and a difference of two ratios built from
-    the same columns is exactly 0 on every resample.  Replicates are kept as float64
-    unless they would exceed ``replicate_budget`` bytes (then float32).
+    ``sums`` (n_clusters x K) holds each per-cluster sum once; ratio j is ``sum sums[:, numerator_index[j]] / sum
+    sums[:, denominator_index[j]]``.  Ratios sharing a column resample it once, and a difference of two ratios built
+    from the same columns is exactly 0 on every resample.  Replicates are kept as float64 unless they would exceed
+    ``replicate_budget`` bytes (then float32).
     """
     fam = RatioFamily(sums, numerator_index, denominator_index, strata=strata, groups=groups,
                       differences=differences, names=names)
