@@ -338,10 +338,13 @@ class _Engine(ThreadBuffers):
         self._local = threading.local()
         fused = FusedDense(self.families, lay.n, TILE)
         self.fused = fused if fused.worth_it() else None
-        if self.fused is not None:  # checked (and its rows built) here, where forked workers share them
-            with BlasThreads(1):
-                self.fused.verified(self.families, SUPER, BLOCK)
         self.gather = _Gather(self.families)
+
+    def prepare(self) -> None:
+        """Check this process's BLAS for the fused products (and build their rows) now, before workers are forked
+        to share them (:meth:`block` does it in a process that has not, e.g. a Ray worker)."""
+        if self.fused is not None:
+            self.fused.verified(self.families, SUPER, BLOCK)
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This thread's counts (one slab per block), float64 tile and gathered counts, reused unit after unit.
@@ -438,6 +441,8 @@ def family_sums(
     workers = max(1, min(int(workers), n_units))
     with contextlib.ExitStack() as stack:
         stack.enter_context(BlasThreads(1))
+        if runner is None:  # before any fork: the workers share the fused rows (a runner's processes build their own)
+            eng.prepare()
         if runner is not None:
             compute = lambda units: list(runner(eng, units))  # noqa: E731
         elif workers > 1 and fork_available(n_units):  # processes: the block engine holds the GIL too often for threads
