@@ -91,7 +91,7 @@ def test_the_engine_fuses_only_what_this_blas_gives_the_same_bits(small_parts, m
         return out
 
     monkeypatch.setattr(fused_mod.np, "matmul", odd)
-    eng2 = resample._Engine(lay, fams, np.random.SeedSequence(2))  # (the engine checks its BLAS when built)
+    eng2 = resample._Engine(lay, fams, np.random.SeedSequence(2))
     assert eng2.fused is not None and not eng2.fused.verified(fams, resample.SUPER, resample.BLOCK)
     assert calls  # the check ran fused products
     assert eng2.fused.rows is None  # no fused rows held for products that will not run

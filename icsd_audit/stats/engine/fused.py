@@ -60,7 +60,8 @@ class FusedDense:
         self.n, self.tile = int(n), int(tile)
         self.members: list[int] = []
         self.rows_of: list[np.ndarray] = []
-        src: list[tuple[int, int]] = []  # fused row -> (family, row of its ST)
+        self.src: list[tuple[int, int]] = []  # fused row -> (family, row of its ST)
+        src = self.src
         seen: dict[tuple[int, bytes], list[int]] = {}
         for i, f in enumerate(families):
             if not _eligible(f):
@@ -82,14 +83,6 @@ class FusedDense:
         n_panels = -(-self.width // MAX_ROWS) if self.width else 0
         step = -(-self.width // n_panels) if n_panels else 0
         self.panels = [(q, min(self.width, q + step)) for q in range(0, self.width, step)] if step else []
-        # runs of fused rows that are consecutive rows of one family's sums: one copy each per tile
-        self.runs: list[tuple[int, int, int, int]] = []  # (fused row, family, first ST row, rows)
-        for q, (i, p) in enumerate(src):
-            last = self.runs[-1] if self.runs else None
-            if last is not None and last[1] == i and last[2] + last[3] == p and last[0] + last[3] == q:
-                self.runs[-1] = (last[0], i, last[2], last[3] + 1)
-            else:
-                self.runs.append((q, i, p, 1))
         self._verdict: bool | None = None
         self.rows: np.ndarray | None = None
 
@@ -114,8 +107,8 @@ class FusedDense:
             self._verdict = self._check(families, super_, block)
             if self._verdict:
                 self.rows = np.empty((self.width, self.n))
-                for q, i, p, m in self.runs:
-                    self.rows[q : q + m] = families[i].ST[p : p + m]
+                for q, (i, p) in enumerate(self.src):
+                    self.rows[q] = families[i].ST[p]
         return self._verdict
 
     def _check(self, families: Sequence[Any], super_: int, block: int) -> bool:
