@@ -76,7 +76,7 @@ class ReportStrata:
             acc.merge(p)
 
     def families(self) -> list[RatioFamily]:
-        return [acc.family() for acc in self.accs]
+        return [acc.family(donate=True) for acc in self.accs]  # handed to the bootstrap only
 
     def results(self, raws: Sequence[RatioBootstrapResult]) -> tuple[StrataResult, ...]:
         return tuple(acc.results(raw) for acc, raw in zip(self.accs, raws))

@@ -1,33 +1,28 @@
 """Cluster and batch bootstrap for pooled ratio statistics (SPEC section 7).
 
-Every audit statistic of SPEC section 6 is a ratio of pooled sums,
-``sum_t num_t / sum_t den_t``, so it depends on the data only through per-cluster
-sums (one cluster = one action turn, or one batch).  The bootstrap therefore never
-touches tokens: a resample is a vector of multiplicities over clusters and the
-resampled sums of all statistics at once are ``counts (R x n) @ sums (n x K)``.
+Every audit statistic of SPEC section 6 is a ratio of pooled sums, ``sum_t num_t / sum_t den_t``, so it depends on
+the data only through per-cluster sums (one cluster = one action turn, or one batch).  The bootstrap therefore never
+touches tokens: a resample is a vector of multiplicities over clusters and the resampled sums of all statistics at
+once are ``counts (R x n) @ sums (n x K)``.
 
 Two resampling units:
 
-- ``unit="action-turn"`` (the default; TCM, quadrant shares, share shift): action
-  turns are resampled with replacement *within each stratum* (batch), each stratum
-  keeping its own number of turns.  The multiplicities of one stratum are exactly
-  Multinomial(n_s, 1/n_s); they are drawn with a fast exact sampler (Poissonization
-  with an exact correction, four resamples per 16-bit lookup; see
-  :mod:`icsd_audit.stats.engine.resample` and ``docs/statistics.md``), processed in blocks of
-  :data:`BLOCK` resamples, each block from its own child generator, so results do not
-  depend on ``chunk_size`` (memory) nor on how many resamples share a chunk.  The counts
-  are a function of the seed and the layout (stratum sizes) alone, and each statistic
-  (:class:`RatioFamily`) is summed on its own: one interval per statistic, whatever
-  else is bootstrapped beside it (SPEC 7).
-- ``unit="batch"`` (gradient compatibility; optional for ratio statistics): whole
-  strata are resampled with replacement (within each group).
+- ``unit="action-turn"`` (the default; TCM, quadrant shares, share shift): action turns are resampled with
+  replacement *within each stratum* (batch), each stratum keeping its own number of turns.  The multiplicities of
+  one stratum are exactly Multinomial(n_s, 1/n_s); they are drawn with a fast exact sampler (Poissonization with an
+  exact correction, four resamples per 16-bit lookup; see :mod:`icsd_audit.stats.engine.resample` and
+  ``docs/statistics.md``), processed in blocks of :data:`BLOCK` resamples, each block from its own child generator,
+  so results do not depend on ``chunk_size`` (memory) nor on how many resamples share a chunk.  The counts are a
+  function of the seed and the layout (stratum sizes) alone, and each statistic (:class:`RatioFamily`) is summed on
+  its own: one interval per statistic, whatever else is bootstrapped beside it (SPEC 7).
+- ``unit="batch"`` (gradient compatibility; optional for ratio statistics): whole strata are resampled with
+  replacement (within each group).
 
-Intervals are percentile intervals (NumPy's default linear interpolation between
-order statistics), with the standard error the standard deviation of the bootstrap
-distribution (ddof=1), as in :func:`scipy.stats.bootstrap`.  A resample in which a
-ratio is undefined (0/0) is left out of that statistic's interval.  The interval
-always contains the point estimate: in the rare tiny or degenerate samples where
-the percentile interval excludes it, the near end is moved to the estimate.
+Intervals are percentile intervals (NumPy's default linear interpolation between order statistics), with the
+standard error the standard deviation of the bootstrap distribution (ddof=1), as in :func:`scipy.stats.bootstrap`.
+A resample in which a ratio is undefined (0/0) is left out of that statistic's interval.  The interval always
+contains the point estimate: in the rare tiny or degenerate samples where the percentile interval excludes it, the
+near end is moved to the estimate.
 
 Pure numpy/scipy, float64 throughout.
 """
@@ -42,6 +37,7 @@ from typing import Any, Iterable, Literal, Sequence
 import numpy as np
 
 from icsd_audit.stats.budget import check_families
+from icsd_audit.stats.pool import on_threads
 from icsd_audit.stats.engine.segments import SegmentedFamily, segment_rows
 from icsd_audit.stats.engine.resample import (
     BLOCK, Family, Layout, batch_resampled_sums, check_rng as _check_rng, family_sums, resampled_sums, stream_seed,
@@ -124,16 +120,9 @@ class RatioBootstrapResult:
     def result(self, statistic: int | str, group: int = 0) -> BootstrapResult:
         """The :class:`BootstrapResult` of one statistic in one group (by position)."""
         j = self.index(statistic)
-        return BootstrapResult(
-            float(self.estimate[group, j]),
-            float(self.ci_low[group, j]),
-            float(self.ci_high[group, j]),
-            float(self.standard_error[group, j]),
-            self.n_resamples,
-            self.confidence_level,
-            self.method,
-            self.unit,
-        )
+        return BootstrapResult(float(self.estimate[group, j]), float(self.ci_low[group, j]),
+                               float(self.ci_high[group, j]), float(self.standard_error[group, j]),
+                               self.n_resamples, self.confidence_level, self.method, self.unit)
 
 
 def _json_float(x: float) -> float | None:
@@ -337,7 +326,8 @@ class RatioFamily:
     then the differences.  ``totals``: columns K, K + 1, ..., each the total of some of ``sums``' columns (its parts,
     e.g. the five sign regions of a turn's mass): its point and resampled sums are its parts' added in order, with no
     product of its own.  ``column_groups``, ``tied``: bins and (numerator, denominator) pairs
-    (:mod:`icsd_audit.stats.engine.segments`).
+    (:mod:`icsd_audit.stats.engine.segments`).  ``donate``: the caller gives ``sums`` up (reads them no more), so
+    the engine may reorder them in place rather than copy them.
     """
 
     sums: Any
@@ -350,6 +340,7 @@ class RatioFamily:
     totals: Sequence[Sequence[int]] = ()
     column_groups: Sequence[Sequence[int]] = ()
     tied: Sequence[tuple[int, int]] = ()
+    donate: bool = False
 
 
 @dataclass
@@ -368,6 +359,7 @@ class _Prepared:
     estimate: np.ndarray
     totals: tuple[tuple[int, ...], ...] = ()  # positions in ST of each total's parts
     segments: tuple[list[list[int]], list[tuple[int, int]]] | None = None  # column groups, tied pairs (ST rows)
+    own: bool = False  # ST is no caller's array: the engine may reorder it in place
 
     def with_totals(self, T: np.ndarray) -> np.ndarray:
         """T's columns, then each total: its parts' sums added in order."""
@@ -385,7 +377,7 @@ class _Prepared:
         return r
 
 
-def _prepare(fam: RatioFamily) -> _Prepared:
+def _prepare(fam: RatioFamily, workers: int = 1) -> _Prepared:
     """Validate a family and lay it out; no copy of its sums when they come as rows (``M.T``) in order."""
     S0 = _as_matrix(fam.sums, "sums")
     n, k = S0.shape
@@ -436,15 +428,22 @@ def _prepare(fam: RatioFamily) -> _Prepared:
     sizes = np.diff(np.concatenate([sstarts, [n]]))
     g_sorted = key // (int(scode.max()) + 1)
     gbounds = np.concatenate([[0], np.flatnonzero(np.diff(g_sorted)) + 1, [n]])
-    # point estimates: each column added row after row, in layout order
+    # point estimates: each column added row after row, in layout order (one running-sum buffer per thread)
     total = np.empty((n_groups, ST.shape[0]))
-    run = np.empty(int(np.diff(gbounds).max()))  # one buffer for every running sum (not a fresh one per column)
-    for g in range(n_groups):
-        for c in range(ST.shape[0]):
-            total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]], out=run[: gbounds[g + 1] - gbounds[g]])[-1]
+    longest = int(np.diff(gbounds).max())
+
+    def add_up(cols: range) -> None:
+        run = np.empty(longest)
+        for g in range(n_groups):
+            for c in cols:
+                total[g, c] = np.cumsum(ST[c, gbounds[g] : gbounds[g + 1]], out=run[: gbounds[g + 1] - gbounds[g]])[-1]
+
+    w = max(1, workers)
+    on_threads(add_up, [range(i, ST.shape[0], w) for i in range(w)], w)
     prep = _Prepared(ST, inv[:j], inv[j:], diffs, names, sizes, sstarts, g_sorted[sstarts], gvalues, np.empty(0),
                      parts)
     prep.estimate = prep.stats_of(total)
+    prep.own = bool(fam.donate) or not np.may_share_memory(ST, fam.sums)
     if (fam.column_groups or fam.tied) and n_groups == 1:
         prep.segments = segment_rows(fam.column_groups, fam.tied, {c: r for c, r in pos.items() if c < k}, used.size)
     return prep
@@ -475,7 +474,7 @@ def bootstrap_ratio_families(
     n_resamples, confidence_level, unit = _check_options(n_resamples, confidence_level, unit)
     chunk_size = _check_chunk(chunk_size)
     seed = stream_seed(rng)
-    preps = [_prepare(f) for f in families]
+    preps = [_prepare(f, workers) for f in families]
     check_families(n_resamples, [(len(p.gvalues), len(p.names)) for p in preps])  # one line, not a MemoryError
     reps = []
     for p in preps:
@@ -489,7 +488,8 @@ def bootstrap_ratio_families(
         for idx in layouts.values():
             lay = Layout(preps[idx[0]].sizes)
             fams = [Family(preps[i].ST, preps[i].sgroup, len(preps[i].gvalues), lay) if preps[i].segments is None
-                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay, workers=workers) for i in idx]
+                    else SegmentedFamily(preps[i].ST, *preps[i].segments, lay, workers=workers, own=preps[i].own)
+                    for i in idx]
             for i in idx:  # what the engine needs it holds; the rest may go
                 preps[i].ST = None
             for r0, r1, Ts in family_sums(lay, fams, n_resamples, seed=seed, chunk_size=chunk_size, workers=workers):

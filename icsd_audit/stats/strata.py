@@ -243,7 +243,7 @@ class StrataAccumulator:
         diffs = [f"{stem}:{b}:{q}:diff" for b in range(self.n_bins) for q in ("share", "tcm")]
         return ratios + diffs
 
-    def family(self, *, workers: int = 1) -> RatioFamily:
+    def family(self, *, workers: int = 1, donate: bool = False) -> RatioFamily:
         """The bootstrap request of this statistic: per-turn columns, bins side by side.
 
         The three denominators (all tokens, each weighting's whole mass) are the totals of the
@@ -254,9 +254,10 @@ class StrataAccumulator:
         on turns of mixed signs (:class:`~icsd_audit.stats.engine.segments.SegmentedFamily`).  The
         columns are gathered into one (columns x turns) float64 matrix, each batch's piece
         released once copied, and handed over as its transpose (a view, which the bootstrap
-        takes without a copy): about 8 bytes per turn per column, and as much again for the
-        sorted copy the engine multiplies.  ``workers`` threads copy the pieces (NumPy copies
-        without the GIL; the first touch of the matrix's pages is most of the time).
+        takes without a copy): about 8 bytes per turn per column.  ``workers`` threads copy the
+        pieces (NumPy copies without the GIL; the first touch of the matrix's pages is most of
+        the time).  ``donate``: the family is only handed to the bootstrap, whose engine then
+        sorts the matrix in place; otherwise the engine multiplies a sorted copy (as much again).
         """
         if not self._sums:
             raise ValueError("no valid tokens to audit")
@@ -290,7 +291,7 @@ class StrataAccumulator:
         return RatioFamily(M.T, num, den, strata=self._batch_final, differences=diffs, names=self._names(),
                            totals=[[b * _NQ + q for b in range(nb)] for q in (0, 1, 2)],
                            column_groups=[list(range(b * _NQ, (b + 1) * _NQ)) for b in range(nb)],
-                           tied=[(b * _NQ + q, b * _NQ + q + 1) for b in range(nb) for q in (3, 5)])
+                           tied=[(b * _NQ + q, b * _NQ + q + 1) for b in range(nb) for q in (3, 5)], donate=donate)
 
     def results(self, raw: RatioBootstrapResult, *, unit: str = "action-turn") -> StrataResult:
         """The result object from the bootstrap of :meth:`family` (with its replicates, for the intensities)."""
@@ -328,7 +329,8 @@ class StrataAccumulator:
     def finalize(self, *, n_resamples: int = 10_000, confidence_level: float = 0.95, unit: str = "action-turn",
                  rng: Any = None, chunk_size: int | None = None, workers: int = 1) -> StrataResult:
         """Bootstrap this statistic on the resample stream of its layout (SPEC 7) and build the result."""
-        (raw,) = bootstrap_ratio_families([self.family(workers=workers)], n_resamples=n_resamples, confidence_level=confidence_level,
+        (raw,) = bootstrap_ratio_families([self.family(workers=workers, donate=True)], n_resamples=n_resamples,
+                                          confidence_level=confidence_level,
                                           unit=unit, rng=rng, chunk_size=chunk_size, workers=workers,
                                           keep_replicates=True)
         return self.results(raw, unit=unit)

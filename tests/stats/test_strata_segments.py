@@ -146,3 +146,44 @@ def test_half_panels_change_no_bit(monkeypatch, by):
             got = split.replicates[:, 0, split.index(f"{spec.name}:{b}:{q}")]
             ok = ~np.isnan(got)
             assert np.array_equal(ok, ~np.isnan(ref[:, b])) and np.allclose(got[ok], ref[ok, b], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("by", ["pos", "abs_delta"])
+def test_donated_sums_sorted_in_place_give_the_same_bits(monkeypatch, by):
+    """A donated family (the engine sorts its matrix in place, no copy) against the same family copied: the same
+    replicates bit for bit, every class of turn present (mixed ones read their numerators from the sorted rows);
+    the donated matrix was reordered, the other left as it was."""
+    monkeypatch.setattr(segments, "TILE", 32)
+    monkeypatch.setattr(segments, "WIDTH", 8)
+    t, w, turn_of, x, spec, acc, fam = _strata(seed=4, by=by, bins=6)
+    kept = np.array(fam.sums, copy=True)
+    mine = np.array(fam.sums.T, copy=True)  # (columns, turns), as the accumulator lays its matrix out
+    donated = RatioFamily(mine.T, fam.numerator_index, fam.denominator_index, strata=fam.strata,
+                          differences=fam.differences, names=fam.names, totals=fam.totals,
+                          column_groups=fam.column_groups, tied=fam.tied, donate=True)
+    (a,) = bootstrap_ratio_families([fam], n_resamples=96, rng=9, keep_replicates=True, workers=2)
+    (b,) = bootstrap_ratio_families([donated], n_resamples=96, rng=9, keep_replicates=True, workers=2)
+    assert a.replicates.tobytes() == b.replicates.tobytes()
+    assert np.array_equal(fam.sums, kept)  # not donated: untouched
+    assert not np.array_equal(mine, kept.T)  # donated: sorted where it lay
+    assert np.array_equal(np.sort(mine, axis=None), np.sort(kept, axis=None))  # the same values, moved
+    want = _by_hand(t, w, turn_of, x, acc.edges, 96, seed=9)
+    for q, ref in want.items():
+        for bin_ in range(acc.n_bins):
+            got = b.replicates[:, 0, b.index(f"{spec.name}:{bin_}:{q}")]
+            ok = ~np.isnan(got)
+            assert np.array_equal(ok, ~np.isnan(ref[:, bin_])) and np.allclose(got[ok], ref[ok, bin_], rtol=1e-12,
+                                                                               atol=1e-14)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 2, 3, 4, 0], [2, 0, 1, 4, 3], [0, 2, 1, 3, 4]])
+def test_rows_sorted_in_place_match_a_fancy_index(rows):
+    """The in-place sort against the copy NumPy's indexing makes: row i holds row rows[i], each sorted by the order
+    (identity, reversal, one long cycle, two cycles, one swap), with one and two threads."""
+    rng = np.random.default_rng(0)
+    ST = rng.normal(size=(5, 37))
+    order = rng.permutation(37)
+    for workers in (1, 2):
+        got = ST.copy()
+        segments._sort_in_place(got, order, rows, workers)
+        assert np.array_equal(got, ST[rows][:, order])

@@ -31,13 +31,13 @@ Pure numpy.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
 
 from icsd_audit.stats.engine.counts import BLOCK
 from icsd_audit.stats.engine.resample import SPAN, SUPER, Layout, ThreadBuffers
+from icsd_audit.stats.pool import on_threads
 
 __all__ = ["SegmentedFamily", "TILE", "segment_rows"]
 
@@ -66,7 +66,9 @@ class SegmentedFamily(ThreadBuffers):
     together every column once; ``tied``: pairs (numerator, denominator) whose numerator is,
     on most clusters, either 0 or equal to the denominator (both in the same group).  The
     engine calls :meth:`unit_sums` with a work unit's counts.  ``workers`` threads gather the
-    sorted copy of the sums (the same bits whatever their number).
+    sorted copy of the sums (the same bits whatever their number).  ``own``: ``ST`` is this
+    family's to reorder (the caller reads it no more): its rows are sorted in place, main rows
+    first, and multiplied there, with no copy (the same values, so the same bits).
     """
 
     own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
@@ -75,7 +77,7 @@ class SegmentedFamily(ThreadBuffers):
     n_groups = 1
 
     def __init__(self, ST: np.ndarray, groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], lay: Layout,
-                 *, workers: int = 1):
+                 *, workers: int = 1, own: bool = False):
         ST = np.asarray(ST, dtype=np.float64)
         if ST.ndim != 2 or ST.shape[1] != lay.n:
             raise ValueError(f"sums must have one column per cluster ({lay.n}), got shape {ST.shape}")
@@ -142,28 +144,29 @@ class SegmentedFamily(ThreadBuffers):
         del nzk
 
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
-        self.S = np.empty((len(self.main), n), dtype=np.float64)
-
-        def gather(r: int) -> None:
-            np.take(ST[self.main[r]], self.order, out=self.S[r])
-
-        if workers > 1 and len(self.main) > 1:  # NumPy's take runs without the GIL
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(gather, range(len(self.main))))
-        else:
-            for r in range(len(self.main)):
-                gather(r)
         mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
-        self.Snum = np.empty((len(self.nums), sum(z - a for a, z in mixed)), dtype=np.float64)
+        if own and ST.flags.c_contiguous and ST.flags.writeable:
+            _sort_in_place(ST, self.order, self.main + self.nums, workers)
+            self.S = ST[: len(self.main)]
+            nums = list(ST[len(self.main) : len(self.main) + len(self.nums)])  # already in sorted order
+            cols = np.concatenate([np.arange(a, z) for a, z in mixed]) if mixed else np.zeros(0, dtype=np.int64)
+        else:
+            self.S = np.empty((len(self.main), n), dtype=np.float64)
+
+            def gather(r: int) -> None:
+                np.take(ST[self.main[r]], self.order, out=self.S[r])
+
+            on_threads(gather, range(len(self.main)), workers)
+            nums = [ST[c] for c in self.nums]
+            cols = np.concatenate([self.order[a:z] for a, z in mixed]) if mixed else np.zeros(0, dtype=np.int64)
+        self.Snum = np.empty((len(self.nums), cols.size), dtype=np.float64)
+        for r in range(len(self.nums)):
+            np.take(nums[r], cols, out=self.Snum[r])
         mixed_off: dict[int, int] = {}
         off = 0
         for a, z in mixed:
             mixed_off[a] = off
             off += z - a
-        if mixed:
-            cols = np.concatenate([self.order[a:z] for a, z in mixed])
-            for r, c in enumerate(self.nums):
-                np.take(ST[c], cols, out=self.Snum[r])
 
         # the plan: per tile, its products (source, class, first row, stop row, first cluster, stop, source column)
         self.tiles: list[tuple[int, int, list[tuple[int, int, int, int, int, int, int]]]] = []
@@ -278,3 +281,36 @@ def _split_pays(whole: tuple[int, int, int, int], halves: list[tuple[int, int, i
         return (p[1] - p[0]) * (p[3] - p[2])
 
     return sum(madds(h) for h in halves) * _HALF_COST + _CALL_COST < madds(whole)
+
+
+def _sort_in_place(ST: np.ndarray, order: np.ndarray, rows: list[int], workers: int) -> None:
+    """Each of ``ST``'s rows reordered by ``order`` (in its own memory, through a row-sized buffer per thread),
+    then the rows moved so that row i holds what row ``rows[i]`` held (``rows``: a permutation of them).  No
+    matrix-sized copy: a family's sums are sorted where they lie."""
+    local = threading.local()
+
+    def sort_row(r: int) -> None:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = np.empty(ST.shape[1], dtype=np.float64)
+        np.take(ST[r], order, out=buf)
+        ST[r] = buf
+
+    on_threads(sort_row, rows, workers)
+    # row i of the result is row rows[i]: follow each cycle of the permutation with one spare row
+    spare = np.empty(ST.shape[1], dtype=np.float64)
+    done = [False] * len(rows)
+    for i in range(len(rows)):
+        if done[i] or rows[i] == i:
+            done[i] = True
+            continue
+        spare[:] = ST[i]
+        j = i
+        while True:
+            done[j] = True
+            src = rows[j]
+            if src == i:
+                ST[j] = spare
+                break
+            ST[j] = ST[src]
+            j = src
