@@ -68,13 +68,27 @@ def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -
         parts = [covariate_values(b.tokens, "pos")[b.tokens.valid] for b in DumpReader(reader.paths, columns=[])]
         return np.concatenate(parts) if parts else np.zeros(0)
     col = _SOURCE[covariate]
-    parts = []
+    out, at = None, 0  # the valid values, written in place (no list of parts, no concatenated copy)
     for table in reader.column_groups([col, "valid"], workers=workers):
         x = table.column(col).to_numpy(zero_copy_only=False)
-        if "valid" in table.column_names:
-            x = x[table.column("valid").to_numpy(zero_copy_only=False).astype(bool)]
-        parts.append(np.abs(x) if covariate == "abs_delta" else x)
-    return np.concatenate(parts) if parts else np.zeros(0)
+        if out is None:
+            out = np.empty(reader.n_rows, dtype=x.dtype)
+        elif np.result_type(out, x) != out.dtype:  # a file of a wider type: the values so far widened (exactly)
+            wide = np.result_type(out, x)
+            out = np.concatenate([out[:at].astype(wide), np.empty(reader.n_rows - at, dtype=wide)])
+        x = x.astype(out.dtype, copy=False)
+        keep = table.column("valid").to_numpy(zero_copy_only=False).astype(bool, copy=False) \
+            if "valid" in table.column_names else None
+        m = x.size if keep is None else int(np.count_nonzero(keep))
+        dst = out[at : at + m]
+        if keep is None:
+            dst[...] = x
+        else:
+            np.compress(keep, x, out=dst)
+        if covariate == "abs_delta":
+            np.abs(dst, out=dst)
+        at += m
+    return np.zeros(0) if out is None else out[:at]
 
 
 def check_covariate(reader: DumpReader, batch: TokenBatch, x: np.ndarray, covariate: str) -> None:
@@ -167,7 +181,7 @@ def run_strata(
     n_bins = spec.k if spec.k is not None else 2
     check_bootstrap(req.n_resamples, 7 * n_bins)
     check_resources(reader, workers=req.workers)
-    edges = strata_edges(covariate_sample(reader, by, workers=req.workers), spec)
+    edges = strata_edges(covariate_sample(reader, by, workers=req.workers), spec, workers=req.workers)
     acc = StrataAccumulator(spec=spec, edges=edges, eps=req.eps, base_name=req.base.allocator,
                             compare_name=req.compare.allocator)
     n = len(reader.batch_ids)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from icsd_audit.stats.pool import on_threads
+
 __all__ = ["REGION_QUANTILE", "value_edges", "unsorted_value_edges", "linear_quantiles", "order_statistics"]
 
 #: "Strongly" trusted / supported: scaled mid-rank at least this (the top fifth).
@@ -184,11 +186,16 @@ def _unsigned_keys(values: np.ndarray) -> tuple[np.ndarray, Any] | None:
     return keys, back
 
 
-def order_statistics(values: np.ndarray, ranks: Any) -> np.ndarray | None:
+def _chunks(values: np.ndarray) -> list[np.ndarray]:
+    return [values[c0 : c0 + _CHUNK] for c0 in range(0, values.size, _CHUNK)]
+
+
+def order_statistics(values: np.ndarray, ranks: Any, *, workers: int = 1) -> np.ndarray | None:
     """The ``ranks``-th smallest of ``values`` (0-based; finite float32/64 or int32/64), in their dtype, without
     sorting them: a histogram of order-preserving keys on 2**20 buckets of the keys' range gives each rank's
     bucket, and only the values of those buckets are gathered and partitioned (none where a bucket holds one
-    key, as for positions).  None for another dtype (the caller sorts)."""
+    key, as for positions).  None for another dtype (the caller sorts).  ``workers`` threads take the chunks
+    of both passes (the same answer: counts add exactly, the gathered values keep their order)."""
     got = _unsigned_keys(values[:0])
     if got is None:
         return None
@@ -209,9 +216,19 @@ def order_statistics(values: np.ndarray, ranks: Any) -> np.ndarray | None:
         u >>= ushift
         return u.astype(np.intp)
 
-    counts = np.zeros(((hi - lo) >> shift) + 1, dtype=np.int64)
-    for c0 in range(0, n, _CHUNK):
-        counts += np.bincount(buckets(values[c0 : c0 + _CHUNK]), minlength=counts.size)
+    size = ((hi - lo) >> shift) + 1
+    counts = np.zeros(size, dtype=np.int64)
+
+    def counted(chunks: list[np.ndarray]) -> np.ndarray:  # one running histogram per thread
+        mine = np.zeros(size, dtype=np.int64)
+        for chunk in chunks:
+            mine += np.bincount(buckets(chunk), minlength=size)
+        return mine
+
+    every = _chunks(values)
+    step = -(-len(every) // max(1, workers))
+    for part in on_threads(counted, [every[i : i + step] for i in range(0, len(every), step)], workers):
+        counts += part
     cum = np.cumsum(counts)
     where = np.searchsorted(cum, ranks, side="right")  # each rank's bucket
     within = ranks - (cum - counts)[where]
@@ -219,14 +236,14 @@ def order_statistics(values: np.ndarray, ranks: Any) -> np.ndarray | None:
         return back(where.astype(utype) + ulo)
     cand = np.zeros(counts.size, dtype=bool)
     cand[where] = True
-    keys, bids = [], []
-    for c0 in range(0, n, _CHUNK):
-        chunk = values[c0 : c0 + _CHUNK]
+
+    def candidates(chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         b = buckets(chunk)
         sel = cand[b]
-        keys.append(_unsigned_keys(np.ascontiguousarray(chunk[sel]))[0])  # type: ignore[index]
-        bids.append(b[sel])
-    gk, gb = np.concatenate(keys), np.concatenate(bids)
+        return _unsigned_keys(np.ascontiguousarray(chunk[sel]))[0], b[sel]  # type: ignore[index]
+
+    got = on_threads(candidates, _chunks(values), workers)
+    gk, gb = np.concatenate([k for k, _ in got]), np.concatenate([b for _, b in got])
     out = np.empty(ranks.size, dtype=utype)
     for bucket in np.unique(where).tolist():
         mine = where == bucket
@@ -237,7 +254,7 @@ def order_statistics(values: np.ndarray, ranks: Any) -> np.ndarray | None:
     return back(out)
 
 
-def linear_quantiles(values: Any, qs: Any) -> np.ndarray:
+def linear_quantiles(values: Any, qs: Any, *, workers: int = 1) -> np.ndarray:
     """``np.quantile(values, qs, method="linear")`` as float64, bit for bit, from the two order statistics
     around each level (:func:`order_statistics`) and NumPy's own interpolation.
 
@@ -260,7 +277,7 @@ def linear_quantiles(values: Any, qs: Any) -> np.ndarray:
     nxt = prev + 1
     top = virtual >= n - 1
     prev[top] = nxt[top] = -1
-    vals = order_statistics(a, np.concatenate([prev % n, nxt % n]))
+    vals = order_statistics(a, np.concatenate([prev % n, nxt % n]), workers=workers)
     assert vals is not None
     v = vals.astype(np.float64)
     lo, hi = v[: q.size], v[q.size :]

@@ -48,16 +48,17 @@ _NQ = len(_QUANTITIES)
 _FEW_EDGES = 32
 
 
-def strata_edges(x: Any, spec: StrataSpec) -> np.ndarray:
+def strata_edges(x: Any, spec: StrataSpec, *, workers: int = 1) -> np.ndarray:
     """SPEC 11's edges: numpy ``quantile`` (``linear``) of ``x`` (as float64) at k/K (or 1 - q), duplicates
-    dropped, float64; the same bits from the few order statistics they need (:func:`linear_quantiles`)."""
+    dropped, float64; the same bits from the few order statistics they need (:func:`linear_quantiles`, on
+    ``workers`` threads)."""
     a = np.asarray(x).reshape(-1)
     if a.size == 0:
         raise ValueError("no valid token to cut into strata")
     qs = spec.quantiles()
     if not qs:
         return np.zeros(0, dtype=np.float64)
-    return np.unique(linear_quantiles(a, qs))
+    return np.unique(linear_quantiles(a, qs, workers=workers))
 
 
 def strata_bins(x: Any, edges: np.ndarray) -> np.ndarray:

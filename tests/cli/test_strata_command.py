@@ -189,3 +189,36 @@ def test_negative_entropy_is_refused_by_the_reader(tmp_path: Path) -> None:
     res = cli("audit", "strata", str(f), "--by", "entropy", "--resamples", "20")
     assert res.returncode == 2
     assert res.stderr.strip() == f"error: {f}: column 'entropy', row 5: negative value (an entropy)"
+
+
+def test_first_pass_reads_each_files_valid_values_in_order(tmp_path):
+    """The edges' sample (the covariate of every valid token, input order) against the checked batches' own values,
+    with every seventh row marked invalid and the middle file of three storing ``logp`` as float64 (the float32 values
+    read before it widened exactly, those after it cast up)."""
+    from icsd_audit.audit.strata import collect_covariate
+    from icsd_audit.dumps.reader import DumpReader
+
+    files = sorted(DUMPS.rglob("*.parquet"))
+    for i, f in enumerate(files):
+        t = pq.read_table(f)
+        j = t.schema.get_field_index("valid")
+        t = t.set_column(j, t.schema.field("valid"), pa.array(np.arange(t.num_rows) % 7 != 3))
+        if i == 1:  # float32, then float64 (the values so far widened), then float32 again (cast up)
+            j = t.schema.get_field_index("logp")
+            t = t.set_column(j, pa.field("logp", pa.float64()), t.column("logp").cast(pa.float64()))
+        out = tmp_path / f.relative_to(DUMPS)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t.replace_schema_metadata(pq.read_table(f).schema.metadata), out)
+    reader = DumpReader([tmp_path], columns=[])
+    for by, col in (("logp", "logp"), ("abs_delta", "delta"), ("pos", "pos"), ("entropy", "entropy")):
+        want = []
+        for b in DumpReader([tmp_path], columns=["logp", "entropy"]):
+            v = b.tokens.columns[col] if col in b.tokens.columns else getattr(b.tokens, col)
+            want.append(np.abs(v) if by == "abs_delta" else v)
+        valid = np.concatenate([b.tokens.valid for b in DumpReader([tmp_path], columns=[])])
+        assert not valid.all()  # some rows are left out
+        ref = np.concatenate(want)[valid].astype(np.float64)
+        for workers in (1, 2):
+            got = collect_covariate(reader, by, workers=workers)
+            assert got.dtype == {"logp": np.float64, "pos": np.int32}.get(by, np.float32)
+            assert np.array_equal(got.astype(np.float64), ref), (by, workers)

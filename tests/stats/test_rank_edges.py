@@ -66,6 +66,20 @@ def test_linear_quantiles_are_numpys_bits(case: int) -> None:
     assert np.array_equal(order_statistics(values, ranks), np.sort(values)[ranks])
 
 
+@pytest.mark.parametrize("case", range(9))
+def test_chunks_on_threads_give_the_same_bits(monkeypatch, case: int) -> None:
+    """Both passes in chunks of 4,096 values on two threads (as ``icsd audit strata`` runs them): NumPy's bits."""
+    from icsd_audit.stats import rank_edges
+
+    monkeypatch.setattr(rank_edges, "_CHUNK", 4096)
+    values = _quantile_cases()[case]
+    qs = [k / 10 for k in range(1, 10)] + [0.0, 1.0, 0.8]
+    ref = np.quantile(values.astype(np.float64), qs, method="linear")
+    assert linear_quantiles(values.copy(), qs, workers=2).tobytes() == ref.tobytes()
+    ranks = np.random.default_rng(case).integers(0, values.size, 25)
+    assert np.array_equal(order_statistics(values, ranks, workers=2), np.sort(values)[ranks])
+
+
 def test_linear_quantiles_leave_other_input_to_numpy() -> None:
     x = np.random.default_rng(3).normal(size=70_000)
     x[5] = np.nan
