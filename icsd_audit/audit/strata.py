@@ -81,12 +81,14 @@ def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -
             if "valid" in table.column_names else None
         m = x.size if keep is None else int(np.count_nonzero(keep))
         dst = out[at : at + m]
-        if keep is None:
-            dst[...] = x
+        if m == x.size and covariate == "abs_delta":  # every row valid: one pass
+            np.abs(x, out=dst)
+        elif m == x.size:
+            np.copyto(dst, x)
         else:
             np.compress(keep, x, out=dst)
-        if covariate == "abs_delta":
-            np.abs(dst, out=dst)
+            if covariate == "abs_delta":
+                np.abs(dst, out=dst)
         at += m
     return np.zeros(0) if out is None else out[:at]
 
@@ -184,6 +186,7 @@ def run_strata(
     edges = strata_edges(covariate_sample(reader, by, workers=req.workers), spec, workers=req.workers)
     acc = StrataAccumulator(spec=spec, edges=edges, eps=req.eps, base_name=req.base.allocator,
                             compare_name=req.compare.allocator)
+    acc.reserve(reader.n_rows)  # per-turn sums copied into one matrix during the stream, not after it
     n = len(reader.batch_ids)
     for i, part in enumerate(reduced_batches(reader, acc, req, by)):
         acc.merge(part)

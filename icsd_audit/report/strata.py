@@ -51,6 +51,7 @@ class ReportStrata:
         for spec in (StrataSpec(self.covariate, bins=bins), StrataSpec(self.covariate, top=FORKING_TOP)):
             self.accs.append(StrataAccumulator(spec=spec, edges=strata_edges(x, spec), eps=eps, base_name=base_name,
                                                compare_name=compare_name))
+            self.accs[-1].reserve(reader.n_rows)
         del x
 
     def add(self, reader: DumpReader, batch: TokenBatch, weights: Weights, u: np.ndarray) -> None:

@@ -423,7 +423,7 @@ def _prepare(fam: RatioFamily, workers: int = 1) -> _Prepared:
         key, X = key[order], S0[order]
     if used.size != k:
         X = X[:, used]
-    ST = np.ascontiguousarray(X.T)
+    ST = X.T if fam.donate and X.T.strides[1] == X.itemsize else np.ascontiguousarray(X.T)  # donated rows in place
     sstarts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1]).astype(np.int64)
     sizes = np.diff(np.concatenate([sstarts, [n]]))
     g_sorted = key // (int(scode.max()) + 1)

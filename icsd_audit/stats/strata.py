@@ -136,9 +136,13 @@ class StrataAccumulator:
         if not (self.eps >= 0):
             raise ValueError(f"eps must be >= 0, got {eps!r}")
         self.base_name, self.compare_name = check_names(base_name, compare_name)
-        # per add: (bins x quantities, turns), the rows of the bootstrap's column matrix
+        # per add: (bins x quantities, turns), the rows of the bootstrap's column matrix; after :meth:`reserve`,
+        # copied into _M (columns x capacity, _used of them filled) as they come instead
         self._sums: list[np.ndarray] = []
         self._batch: list[np.ndarray] = []
+        self._expected_rows: int | None = None
+        self._M: np.ndarray | None = None
+        self._used = 0
         nb = self.n_bins
         self._counts = {k: np.zeros(nb, dtype=np.int64) for k in ("n", "active", "supported", "supported_adv0")}
         self._xmin, self._xmax = np.inf, -np.inf
@@ -148,6 +152,33 @@ class StrataAccumulator:
         """An empty accumulator with these settings and edges, for a batch reduced apart (:meth:`merge` appends it)."""
         return StrataAccumulator(spec=self.spec, edges=self.edges, eps=self.eps, base_name=self.base_name,
                                  compare_name=self.compare_name)
+
+    def reserve(self, rows: int) -> None:
+        """Expect about ``rows`` input rows in all (valid or not, e.g. :attr:`DumpReader.n_rows`): the per-turn sums
+        then go into one matrix as each batch is added or merged, sized from the first batch's turns per row
+        (10 % over; grown by half, with a copy, if the estimate falls short), so that :meth:`family` copies
+        nothing after the stream; the matrix's pages are first touched while the stream's threads compute."""
+        if self._sums or self._M is not None:
+            raise ValueError("reserve before adding any batch")
+        self._expected_rows = max(1, int(rows))
+
+    def _keep(self, piece: np.ndarray, rows: int) -> None:
+        """Keep one batch's (columns x turns) sums: in the list, or copied into the reserved matrix."""
+        if self._expected_rows is None:
+            self._sums.append(piece)
+            return
+        k, w = piece.shape
+        if self._M is None or self._used + w > self._M.shape[1]:
+            if self._M is None:
+                cap = int(np.ceil(w / max(rows, 1) * self._expected_rows * 1.1)) + w
+            else:
+                cap = max(self._used + w, int(self._M.shape[1] * 1.5))
+            grown = np.empty((k, cap), dtype=np.float64)
+            if self._M is not None:
+                grown[:, : self._used] = self._M[:, : self._used]
+            self._M = grown
+        self._M[:, self._used : self._used + w] = piece
+        self._used += w
 
     def add(self, tokens: Tokens, weights: Weights, *, x: Any, first_row: int | None = None) -> None:
         """Add tokens (one or several batches), their two weightings and their covariate ``x`` (one per row).
@@ -214,7 +245,7 @@ class StrataAccumulator:
         for q, k, w in ((1, key, wb64), (2, key, wc64), (3, kn, wb64[neg]), (4, ka, wb64[act]), (5, kn, wc64[neg]),
                         (6, ka, wc64[act])):
             view[:, q] = np.bincount(k, weights=w, minlength=size).reshape(cidx.n, nb).T
-        self._sums.append(out)
+        self._keep(out, n)
         self._batch.append(batch[cidx.first].astype(np.int64))
         for name, sel in (("n", None), ("active", act), ("supported", dpos), ("supported_adv0", dpos & (adv == 0))):
             self._counts[name] += np.bincount(b if sel is None else b[sel], minlength=nb)
@@ -229,7 +260,8 @@ class StrataAccumulator:
                                                                         self.compare_name) \
                 or not np.array_equal(part.edges, self.edges):
             raise ValueError("merge: the part was built with other settings or edges")
-        self._sums.extend(part._sums)
+        for piece in part._sums if part._M is None else [part._M[:, : part._used]]:
+            self._keep(piece, part._rows)
         self._batch.extend(part._batch)
         for k, v in part._counts.items():
             self._counts[k] += v
@@ -254,18 +286,21 @@ class StrataAccumulator:
         so the engine multiplies a bin only over the turns that reach it, and a numerator only
         on turns of mixed signs (:class:`~icsd_audit.stats.engine.segments.SegmentedFamily`).  The
         columns are gathered into one (columns x turns) float64 matrix, each batch's piece
-        released once copied, and handed over as its transpose (a view, which the bootstrap
-        takes without a copy): about 8 bytes per turn per column.  ``workers`` threads copy the
-        pieces (NumPy copies without the GIL; the first touch of the matrix's pages is most of
-        the time).  ``donate``: the family is only handed to the bootstrap, whose engine then
+        released once copied (already done where :meth:`reserve` was called), and handed over as
+        its transpose (a view, which the bootstrap takes without a copy): about 8 bytes per turn
+        per column.  ``workers`` threads copy the pieces (NumPy copies without the GIL; the
+        first touch of the matrix's pages is most of the time).  ``donate``: the family is only handed to the bootstrap, whose engine then
         sorts the matrix in place; otherwise the engine multiplies a sorted copy (as much again).
         """
-        if not self._sums:
+        if not self._sums and not self._used:
             raise ValueError("no valid tokens to audit")
         nb = self.n_bins
         pieces, self._sums = self._sums, []
         offsets = np.cumsum([0] + [p.shape[1] for p in pieces]).tolist()
-        M = np.empty((nb * _NQ, offsets[-1]), dtype=np.float64)
+        if self._M is not None:  # reserved: already in place (its rows are as long as the capacity)
+            M, self._M = self._M[:, : self._used], None
+        else:
+            M = np.empty((nb * _NQ, offsets[-1]), dtype=np.float64)
 
         def put(i: int) -> None:
             M[:, offsets[i] : offsets[i + 1]] = pieces[i]

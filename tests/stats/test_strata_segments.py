@@ -187,3 +187,50 @@ def test_rows_sorted_in_place_match_a_fancy_index(rows):
         got = ST.copy()
         segments._sort_in_place(got, order, rows, workers)
         assert np.array_equal(got, ST[rows][:, order])
+
+
+@pytest.mark.parametrize("expected_rows", [1, 10**6])
+def test_reserved_matrix_gives_the_same_family_and_bits(expected_rows):
+    """Per-turn sums copied into one reserved matrix as batches come (its capacity far too small, so grown twice
+    and more, or far too large, so its rows are spaced wider than their length) against the list of pieces
+    copied at the end: the same columns, and the same replicates bit for bit from the donated family; batches
+    added directly and merged from parts, reserved or not."""
+    t, w, _ = _turns(seed=6)
+    x = np.abs(t.delta)
+    spec = StrataSpec("abs_delta", bins=6)
+    edges = strata_edges(x, spec)
+    batch = np.asarray(t.batch_id)
+    pieces = [np.flatnonzero(batch == b) for b in range(len(SIZES))]
+
+    def sub(rows: np.ndarray) -> tuple[Tokens, Weights, np.ndarray]:
+        tk = Tokens(advantage=t.advantage[rows], ratio=t.ratio[rows], delta=t.delta[rows], traj_id=t.traj_id[rows],
+                    turn_id=t.turn_id[rows], batch_id=batch[rows])
+        return tk, Weights(w.base[rows], w.compare[rows]), x[rows]
+
+    plain = StrataAccumulator(spec=spec, edges=edges)
+    kept = StrataAccumulator(spec=spec, edges=edges)
+    kept.reserve(expected_rows)
+    tk, wk, xk = sub(pieces[0])
+    plain.add(tk, wk, x=xk)
+    kept.add(tk, wk, x=xk)
+    with pytest.raises(ValueError, match="before adding"):
+        plain.reserve(5)
+    for i, rows in enumerate(pieces[1:], 1):
+        tk, wk, xk = sub(rows)
+        plain.add(tk, wk, x=xk)
+        part = kept.part()
+        if i == 2:
+            part.reserve(3)  # a reserved part merges too
+        part.add(tk, wk, x=xk)
+        kept.merge(part)
+    a, b = plain.family(), kept.family(donate=True)
+    assert np.array_equal(a.sums, b.sums)
+    if expected_rows > 1:
+        assert b.sums.T.strides[0] > b.sums.shape[0] * 8  # rows spaced wider than their length: used in place
+    donated_a = RatioFamily(np.array(a.sums.T).T, a.numerator_index, a.denominator_index, strata=a.strata,
+                            differences=a.differences, names=a.names, totals=a.totals,
+                            column_groups=a.column_groups, tied=a.tied)
+    (ra,) = bootstrap_ratio_families([donated_a], n_resamples=64, rng=2, keep_replicates=True)
+    (rb,) = bootstrap_ratio_families([b], n_resamples=64, rng=2, keep_replicates=True, workers=2)
+    assert ra.replicates.tobytes() == rb.replicates.tobytes()
+    assert np.array_equal(ra.estimate, rb.estimate, equal_nan=True)

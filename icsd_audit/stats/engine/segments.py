@@ -67,8 +67,9 @@ class SegmentedFamily(ThreadBuffers):
     on most clusters, either 0 or equal to the denominator (both in the same group).  The
     engine calls :meth:`unit_sums` with a work unit's counts.  ``workers`` threads gather the
     sorted copy of the sums (the same bits whatever their number).  ``own``: ``ST`` is this
-    family's to reorder (the caller reads it no more): its rows are sorted in place, main rows
-    first, and multiplied there, with no copy (the same values, so the same bits).
+    family's to reorder (the caller reads it no more; its rows may be spaced wider than their
+    length): its rows are sorted in place, main rows first, and multiplied there, with no copy
+    (the same values, so the same bits).
     """
 
     own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
@@ -145,7 +146,7 @@ class SegmentedFamily(ThreadBuffers):
 
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
         mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
-        if own and ST.flags.c_contiguous and ST.flags.writeable:
+        if own and ST.strides[1] == ST.itemsize and ST.flags.writeable:  # each row contiguous
             _sort_in_place(ST, self.order, self.main + self.nums, workers)
             self.S = ST[: len(self.main)]
             nums = list(ST[len(self.main) : len(self.main) + len(self.nums)])  # already in sorted order
