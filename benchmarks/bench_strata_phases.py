@@ -74,6 +74,7 @@ def child(command: str, dumps: str, by: str, bins: int, resamples: int) -> None:
     _timed(audit_strata, "reduced_batches", "stream (allocation, per-turn sums)", generator=True)
     _timed(run, "weighted_batches", "stream (allocation)", generator=True)
     _timed(run, "add_batch", "stream (per-turn sums)")
+    _timed(strata.StrataAccumulator, "merge", "batches' sums into the matrix (merge)")
     _timed(strata.StrataAccumulator, "family", "family's matrix")
     _timed(bootstrap, "_prepare", "point estimates, layout")
     _timed(bootstrap, "SegmentedFamily", "sorted tiles' plan and copy")

@@ -21,6 +21,7 @@ import numpy as np
 from icsd_audit.alloc.options import required_columns, weight_pair
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.budget import check_bootstrap, check_resources
+from icsd_audit.stats.pages import plain_empty
 from icsd_audit.audit.run import AuditRequest, deployed_request
 from icsd_audit.audit.threads import single_threaded_maths
 from icsd_audit.stats.strata import StrataAccumulator, covariate_values, strata_edges
@@ -72,10 +73,12 @@ def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -
     for table in reader.column_groups([col, "valid"], workers=workers):
         x = table.column(col).to_numpy(zero_copy_only=False)
         if out is None:
-            out = np.empty(reader.n_rows, dtype=x.dtype)
+            out = plain_empty((reader.n_rows,), x.dtype)  # no huge-page advice (stats/pages.py)
         elif np.result_type(out, x) != out.dtype:  # a file of a wider type: the values so far widened (exactly)
             wide = np.result_type(out, x)
-            out = np.concatenate([out[:at].astype(wide), np.empty(reader.n_rows - at, dtype=wide)])
+            grown = plain_empty((reader.n_rows,), wide)
+            grown[:at] = out[:at]
+            out = grown
         x = x.astype(out.dtype, copy=False)
         keep = table.column("valid").to_numpy(zero_copy_only=False).astype(bool, copy=False) \
             if "valid" in table.column_names else None

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families
+from icsd_audit.stats.pages import plain_empty
 from icsd_audit.stats.rank_edges import linear_quantiles
 from icsd_audit.stats.results import EPS, PairedResult, check_names, tcm_undefined_reason
 from icsd_audit.stats.results import (
@@ -173,7 +174,7 @@ class StrataAccumulator:
                 cap = int(np.ceil(w / max(rows, 1) * self._expected_rows * 1.1)) + w
             else:
                 cap = max(self._used + w, int(self._M.shape[1] * 1.5))
-            grown = np.empty((k, cap), dtype=np.float64)
+            grown = plain_empty((k, cap))  # faulted in plainly, as its batches arrive (stats/pages.py)
             if self._M is not None:
                 grown[:, : self._used] = self._M[:, : self._used]
             self._M = grown
@@ -300,7 +301,7 @@ class StrataAccumulator:
         if self._M is not None:  # reserved: already in place (its rows are as long as the capacity)
             M, self._M = self._M[:, : self._used], None
         else:
-            M = np.empty((nb * _NQ, offsets[-1]), dtype=np.float64)
+            M = plain_empty((nb * _NQ, offsets[-1]))
 
         def put(i: int) -> None:
             M[:, offsets[i] : offsets[i + 1]] = pieces[i]
