@@ -24,13 +24,13 @@ Pure numpy.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families
 from icsd_audit.stats.pages import plain_empty
+from icsd_audit.stats.pool import on_threads
 from icsd_audit.stats.rank_edges import linear_quantiles
 from icsd_audit.stats.results import EPS, PairedResult, check_names, tcm_undefined_reason
 from icsd_audit.stats.results import (
@@ -307,12 +307,7 @@ class StrataAccumulator:
             M[:, offsets[i] : offsets[i + 1]] = pieces[i]
             pieces[i] = None  # released once copied
 
-        if workers > 1 and len(pieces) > 1:
-            with ThreadPoolExecutor(max_workers=min(workers, len(pieces))) as pool:
-                list(pool.map(put, range(len(pieces))))
-        else:
-            for i in range(len(pieces)):
-                put(i)
+        on_threads(put, range(len(pieces)), workers)
         tot_n, tot_b, tot_c = nb * _NQ, nb * _NQ + 1, nb * _NQ + 2
         num: list[int] = []
         den: list[int] = []
