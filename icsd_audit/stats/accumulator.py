@@ -16,6 +16,7 @@ import numpy as np
 from icsd_audit.stats.bootstrap import (
     BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families, exact_zero_result,
 )
+from icsd_audit.stats.pages import HUGE_PAGE_BYTES
 from icsd_audit.stats.results import (
     CLIP_EPS, DUAL_CLIP, EPS, MASS_RTOL, N_SHIFT_BINS, REGIONS, STATISTICS, AuditResults, ClipResult, ClipSet,
     GroupedResult, PairedResult, QuadrantsResult, ShiftBin, ShiftResult, TCMResult, check_names, shift_bin_labels,
@@ -28,8 +29,6 @@ from icsd_audit.stats.turns import (
 __all__ = ["AuditAccumulator", "midrank_bins"]
 
 
-#: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
-_HUGE_PAGE_BYTES = 4 << 20
 #: the per-turn float columns :meth:`AuditAccumulator.results` reads (the quadrants' exact-zero test; counts apart)
 _RESULT_COLUMNS = frozenset({"total_b", "total_c", *(f"q_{r}_{x}" for r in REGIONS for x in "bc")})
 
@@ -458,7 +457,7 @@ class AuditAccumulator:
         # the bins' per-turn sums (bin_sums: bincount's bits). Rows under NumPy's huge-page size (4 MiB) come
         # as one block, which gets huge pages (no page fault per 4 KB); larger rows get them on their own and
         # stay apart, so each is freed once copied into the bootstrap's matrix (a block would stay whole)
-        rows = list(np.zeros((2 * nl, n))) if 8 * n < _HUGE_PAGE_BYTES else [np.zeros(n) for _ in range(2 * nl)]
+        rows = list(np.zeros((2 * nl, n))) if 8 * n < HUGE_PAGE_BYTES else [np.zeros(n) for _ in range(2 * nl)]
         for j, (side, s) in enumerate((("b", sb), ("c", sc))):
             bin_sums(cl, s, bins, out=rows[j * nl : (j + 1) * nl])
             for i, lab in enumerate(labels):

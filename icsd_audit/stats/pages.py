@@ -1,8 +1,8 @@
 """Large arrays whose pages are faulted in plainly (4 KiB at first touch), without NumPy's huge-page advice.
 
-NumPy advises the kernel to back arrays of 4 MB and more with transparent huge pages. On a kernel whose THP defrag
-setting is ``madvise`` (as on the development box), that advice makes each first touch compact memory for a 2 MB
-page: filling a fresh 283 MB matrix (the strata's per-turn sums at 20M tokens) took 0.70 s there, 0.67 s of it in
+NumPy advises the kernel to back arrays of 4 MB and more (:data:`HUGE_PAGE_BYTES`) with transparent huge pages. On a
+kernel whose THP defrag setting is ``madvise`` (as on the development box), that advice makes each first touch
+compact memory for a 2 MB page: filling a fresh 283 MB matrix (the strata's per-turn sums at 20M tokens) took 0.70 s there, 0.67 s of it in
 the kernel, against 0.17 s in plain pages, with no difference in the bootstrap's products that read it afterwards
 (2.26 vs 2.27 ns per resample and turn). An anonymous mapping of its own, which NumPy never advises, gets plain
 pages wherever THP is not ``always``; where it is, nothing changes.
@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plain_empty"]
+__all__ = ["HUGE_PAGE_BYTES", "plain_empty"]
+
+#: NumPy asks for huge pages on arrays of this size or more (``numpy/_core/src/multiarray/alloc.c``)
+HUGE_PAGE_BYTES = 4 << 20
 
 
 def plain_empty(shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
