@@ -165,8 +165,8 @@ def test_donated_sums_sorted_in_place_give_the_same_bits(monkeypatch, by):
     (b,) = bootstrap_ratio_families([donated], n_resamples=96, rng=9, keep_replicates=True, workers=2)
     assert a.replicates.tobytes() == b.replicates.tobytes()
     assert np.array_equal(fam.sums, kept)  # not donated: untouched
-    assert not np.array_equal(mine, kept.T)  # donated: sorted where it lay
-    assert np.array_equal(np.sort(mine, axis=None), np.sort(kept, axis=None))  # the same values, moved
+    assert not np.array_equal(mine, kept.T)  # donated: sorted where it lay, the token counts packed two to a row
+    assert (mine >= segments._PACK).any() and not (kept >= segments._PACK).any()
     want = _by_hand(t, w, turn_of, x, acc.edges, 96, seed=9)
     for q, ref in want.items():
         for bin_ in range(acc.n_bins):
@@ -234,3 +234,57 @@ def test_reserved_matrix_gives_the_same_family_and_bits(expected_rows):
     (rb,) = bootstrap_ratio_families([b], n_resamples=64, rng=2, keep_replicates=True, workers=2)
     assert ra.replicates.tobytes() == rb.replicates.tobytes()
     assert np.array_equal(ra.estimate, rb.estimate, equal_nan=True)
+
+
+def test_packable_pairs_take_whole_numbers_within_the_tile_bound(monkeypatch):
+    """Columns packed two to a row: whole numbers >= 0 whose sum over every tile, times the largest count (127),
+    stays below 2**26, paired in group order; fractional, negative and too large columns stay apart."""
+    monkeypatch.setattr(segments, "TILE", 4)
+    limit = (2**26 - 1) // 127  # the largest tile sum that packs
+    ST = np.array([
+        [1, 2, 3, 4, 5, 6, 7, 8],  # 0: counts
+        [1.5, 2, 3, 4, 5, 6, 7, 8],  # 1: a fraction (in the first values)
+        [0, 0, 0, 0, 0, 0, 0, 0],  # 2: zeros pack
+        [1, 1, 1, 1, 1, 1, 1, -1],  # 3: negative (past the first values checked alone)
+        [limit, 0, 0, 0, 0, 0, 0, 0],  # 4: at the bound
+        [limit, 1, 0, 0, 0, 0, 0, 0],  # 5: one past it in the first tile
+        [0, 0, 0, 0, 0, 0, 0, limit + 1],  # 6: one past it in the last tile
+        [3, 0, 0, 1, 0, 2, 0, 9],  # 7: counts
+        [9, 9, 9, 9, 9, 9, 9, 9],  # 8: counts, left alone (odd one out)
+    ], dtype=np.float64)
+    assert segments._packable_pairs(ST, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]) == [(0, 2), (4, 7)]
+    assert segments._packable_pairs(ST, [[8, 7], [0]]) == [(8, 7)]  # group order decides the pairs
+    assert segments._packable_pairs(ST[:, :0], [[0, 2]]) == []
+
+
+def test_packed_counts_are_exact_across_many_tiles(monkeypatch):
+    """Large token counts packed two to a row against the products worked out in integers (int64, exact): every
+    sum the same number, so the same bits as multiplying them apart; the packed halves are split tile by tile
+    (the counts' whole sums here are far above 2**26, so one split at the end would mix them).  A column past the
+    bound is multiplied alone, and the float columns beside them are the bits of the family built without
+    packing."""
+    from icsd_audit.stats.engine.counts import BLOCK
+    from icsd_audit.stats.engine.resample import SUPER, Layout
+
+    monkeypatch.setattr(segments, "TILE", 32)
+    rng = np.random.default_rng(11)
+    n = 32 * 400
+    big = (2**26 - 1) // 127 // 32  # each tile's sum at most 32 * big: within the bound
+    ints = rng.integers(0, big + 1, size=(5, n)).astype(np.float64)
+    ints[4, 5] = 32 * big + 1  # past the bound in its tile: not packed
+    floats = rng.normal(size=(2, n))
+    ST = np.ascontiguousarray(np.vstack([ints[:2], floats[:1], ints[2:], floats[1:]]))  # columns 0-1, 3-5 whole
+    groups = [[0, 1, 2], [3, 4], [5, 6]]
+    counts = rng.integers(0, 6, size=(SUPER, n, BLOCK)).astype(np.int8)
+    counts[0, 7, 3] = 127  # the largest count
+    lay = Layout([n])
+    fam = segments.SegmentedFamily(ST, groups, [], lay)
+    assert fam.packed[2:] == ([0, 3], [1, 4])  # column 5 past the bound; the floats never pack
+    got = fam.unit_sums(counts)  # (SUPER * BLOCK, columns)
+    want = np.einsum("jtr,ct->jrc", counts.astype(np.int64), ST[[0, 1, 3, 4, 5]].astype(np.int64))
+    assert (want.reshape(-1, 5) > 2**26).any()
+    assert np.array_equal(got[:, [0, 1, 3, 4, 5]], want.reshape(-1, 5).astype(np.float64))
+    monkeypatch.setattr(segments, "_packable_pairs", lambda ST, plain: [])
+    apart = segments.SegmentedFamily(ST, groups, [], lay)
+    assert apart.packed[2] == []
+    assert apart.unit_sums(counts).tobytes() == got.tobytes()

@@ -17,6 +17,8 @@ constant over a turn).  :class:`SegmentedFamily` uses both, with no change to th
   multiplied in panels of :data:`PANEL_ROWS` (two half panels where their ranges are narrow
   enough to pay for the second call) over the range where the panel's groups are nonzero; the
   numerators only on mixed clusters, the class giving them elsewhere;
+* whole-number columns (a bin's token count) are multiplied two to a row, ``low + 2**26 high``
+  (:func:`_packable_pairs`): exact, and split apart after each tile;
 * the counts of the tile are gathered into that order (from inside the tile, in cache),
   a work unit's SUPER blocks at once.
 
@@ -69,7 +71,7 @@ class SegmentedFamily(ThreadBuffers):
     sorted copy of the sums (the same bits whatever their number).  ``own``: ``ST`` is this
     family's to reorder (the caller reads it no more; its rows may be spaced wider than their
     length): its rows are sorted in place, main rows first, and multiplied there, with no copy
-    (the same values, so the same bits).
+    (the same values, so the same bits; packed columns hold their pair's packed row).
     """
 
     own_products = True  # the engine hands this family its counts (no dense tiles, no parts)
@@ -99,22 +101,34 @@ class SegmentedFamily(ThreadBuffers):
         # rows of the sorted sums: every group's plain columns (neither numerator nor denominator of a pair), group
         # after group (a run of groups is a run of rows); then the denominators, group after group; the
         # numerators apart (multiplied on mixed clusters only)
-        kinds = [[c for c in g if c not in num_set and c not in den_set] for g in groups], \
-            [[c for c in g if c in den_set] for g in groups], [[c for c in g if c in num_set] for g in groups]
+        m = len(groups)
+        plain = [[c for c in g if c not in num_set and c not in den_set] for g in groups]
+        # whole-number columns two to a row (:func:`_packable_pairs`), one group per pair after the plain groups
+        pairs = _packable_pairs(ST, plain)
+        packed = {c for pair in pairs for c in pair}
+        kinds = ([[c for c in g if c not in packed] for g in plain] + [[lo] for lo, _ in pairs],
+                 [[c for c in g if c in den_set] for g in groups], [[c for c in g if c in num_set] for g in groups])
         self.main = [c for g in kinds[0] for c in g] + [c for g in kinds[1] for c in g]
         self.nums = [c for g in kinds[2] for c in g]
         row_of = {c: r for r, c in enumerate(self.main)}
         self.den_rows = np.array([row_of[den_of[a]] for a in self.nums], dtype=np.int64)
         cuts = [np.cumsum([0] + [len(g) for g in kind]) for kind in kinds]
         offsets = (0, int(cuts[0][-1]), 0)  # first row of each kind in its array (S, S, Snum)
+        # the packed rows (the last of the plain rows), and the columns of their low and high counts
+        self.packed = (int(cuts[0][m]), int(cuts[0][-1]), [lo for lo, _ in pairs], [hi for _, hi in pairs])
 
         # each cluster's class, and each group's support per kind of column
-        m = len(groups)
-        nzk = np.zeros((3, m, n), dtype=bool)
+        nzk = [np.zeros((len(kind), n), dtype=bool) for kind in kinds]
         for j, kind in enumerate(kinds):
             for i, g in enumerate(kind):
                 for c in g:
-                    nzk[j, i] |= ST[c] != 0
+                    nzk[j][i] |= ST[c] != 0
+        anyg = nzk[0][:m] | nzk[1] | nzk[2]
+        for i, (lo_c, hi_c) in enumerate(pairs):  # a packed row is nonzero where either of its counts is
+            hi_nz = ST[hi_c] != 0
+            nzk[0][m + i] |= hi_nz
+            anyg[group_of[lo_c]] |= ST[lo_c] != 0
+            anyg[group_of[hi_c]] |= hi_nz
         if tied:
             zero, equal = ~nzk[2].any(axis=0), np.ones(n, dtype=bool)
             for a, b in tied:  # pair by pair (no copy of the tied rows)
@@ -122,7 +136,6 @@ class SegmentedFamily(ThreadBuffers):
             cls = np.where(zero, np.where(nzk[1].any(axis=0), _ZERO, _NONE), np.where(equal, _EQUAL, _MIXED))
         else:
             cls = np.full(n, _NONE)
-        anyg = nzk.any(axis=0)
         top = np.where(anyg.any(axis=0), m - 1 - np.argmax(anyg[::-1], axis=0), -1)
         del anyg
         tile = np.arange(n, dtype=np.int64) // TILE
@@ -133,9 +146,10 @@ class SegmentedFamily(ThreadBuffers):
         stops = np.concatenate([starts[1:], [n]])
         ranges = []
         for j in range(3):  # (groups, segments): each group's first and last nonzero cluster (n, 0: none), per kind
-            lo, hi = np.full((m, starts.size), n, dtype=np.int64), np.zeros((m, starts.size), dtype=np.int64)
-            for i in range(m):
-                at = np.flatnonzero(nzk[j, i][self.order])  # nonzero positions in sorted order, ascending
+            mj = len(kinds[j])
+            lo, hi = np.full((mj, starts.size), n, dtype=np.int64), np.zeros((mj, starts.size), dtype=np.int64)
+            for i in range(mj):
+                at = np.flatnonzero(nzk[j][i][self.order])  # nonzero positions in sorted order, ascending
                 if at.size:
                     first = at[np.minimum(np.searchsorted(at, starts), at.size - 1)]
                     last = at[np.maximum(np.searchsorted(at, stops) - 1, 0)]
@@ -147,15 +161,20 @@ class SegmentedFamily(ThreadBuffers):
         # the sums in sorted order: the main rows for every cluster, the numerators for the mixed ones only
         mixed = [(int(a), int(z)) for a, z, s in zip(starts, stops, seg[starts]) if s % _CLASSES == _MIXED]
         if own and ST.strides[1] == ST.itemsize and ST.flags.writeable:  # each row contiguous
-            _sort_in_place(ST, self.order, self.main + self.nums, workers)
+            for lo_c, hi_c in pairs:
+                ST[lo_c] += ST[hi_c] * _PACK
+            _sort_in_place(ST, self.order, self.main + self.nums + [hi_c for _, hi_c in pairs], workers)
             self.S = ST[: len(self.main)]
             nums = list(ST[len(self.main) : len(self.main) + len(self.nums)])  # already in sorted order
             cols = np.concatenate([np.arange(a, z) for a, z in mixed]) if mixed else np.zeros(0, dtype=np.int64)
         else:
             self.S = np.empty((len(self.main), n), dtype=np.float64)
 
+            high = dict(pairs)
+
             def gather(r: int) -> None:
-                np.take(ST[self.main[r]], self.order, out=self.S[r])
+                c = self.main[r]
+                np.take(ST[c] + ST[high[c]] * _PACK if c in high else ST[c], self.order, out=self.S[r])
 
             on_threads(gather, range(len(self.main)), workers)
             nums = [ST[c] for c in self.nums]
@@ -198,6 +217,7 @@ class SegmentedFamily(ThreadBuffers):
             obuf = np.empty(SUPER * PANEL_ROWS * BLOCK)
             acc = np.zeros((_CLASSES, SUPER, len(self.main), BLOCK))
             acc_num = np.zeros((SUPER, len(self.nums), BLOCK))
+            split = np.zeros((2, SUPER, len(self.packed[2]), BLOCK))  # the packed rows' low and high counts
             tiles = []
             for c0, c1, plan in self.tiles:
                 w = c1 - c0
@@ -208,14 +228,16 @@ class SegmentedFamily(ThreadBuffers):
                           acc[cl, :, r0:r1] if src == 0 else acc_num[:, r0:r1])
                          for src, cl, r0, r1, a, z, s0 in plan]
                 tiles.append((self.order[c0:c1], got, got.view(np.int8).reshape(SUPER, w, BLOCK), cf, steps))
-            bound = self._local.bound = (acc, acc_num, tiles)
+            bound = self._local.bound = (acc, acc_num, split, tiles)
         return bound
 
     def unit_sums(self, counts: np.ndarray) -> np.ndarray:
         """(SPAN, K): the columns' sums over the resamples of a work unit (``counts``: SUPER x clusters x BLOCK int8)."""
-        acc, acc_num, tiles = self._bound()
+        acc, acc_num, split, tiles = self._bound()
         acc.fill(0.0)
         acc_num.fill(0.0)
+        split.fill(0.0)
+        p0, p1, low, high = self.packed
         cv = counts.view(_ITEM).reshape(SUPER, -1)  # a cluster's BLOCK counts as one item
         for order, got, got8, cf, steps in tiles:
             # this tile's counts in its sorted order (read from inside the tile, in cache; no index is out of range)
@@ -224,11 +246,49 @@ class SegmentedFamily(ThreadBuffers):
             for sums, cnt, out, dst in steps:
                 np.matmul(sums, cnt, out=out)
                 np.add(dst, out, out=dst)
+            if p1 > p0:  # the packed rows' sums over this tile, split into their two counts (whole numbers: exact)
+                whole = acc[:, :, p0:p1].sum(axis=0)
+                high_part = np.floor(whole * (1.0 / _PACK))
+                split[1] += high_part
+                split[0] += whole - high_part * _PACK
+                acc[:, :, p0:p1] = 0.0
         res = np.empty((SUPER, BLOCK, self.k))  # resample j * BLOCK + r
         res[:, :, self.main] = (acc[_NONE] + acc[_ZERO] + acc[_EQUAL] + acc[_MIXED]).transpose(0, 2, 1)
         if self.nums:
             res[:, :, self.nums] = (acc[_EQUAL][:, self.den_rows] + acc_num).transpose(0, 2, 1)
+        if low:
+            res[:, :, low] = split[0].transpose(0, 2, 1)
+            res[:, :, high] = split[1].transpose(0, 2, 1)
         return res.reshape(SPAN, self.k)
+
+
+#: whole-number columns (the strata's token counts) are multiplied two to a row, the second times 2**_PACK_BITS:
+#: each tile's products and their sums stay whole numbers below 2**53 (exact in float64, in any order) and are split
+#: apart exactly after the tile, so the counts' sums are the bits of multiplying them apart, for half the products
+_PACK_BITS = 26
+_PACK = float(2**_PACK_BITS)
+#: the largest resample count (the counts are int8)
+_MAX_COUNT = int(np.iinfo(np.int8).max)
+
+
+def _packable_pairs(ST: np.ndarray, plain: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Pairs (low, high) of the plain columns, in group order, to multiply as one row ``low + 2**26 high``: whole
+    numbers >= 0 whose sum over every tile, times the largest count, stays below 2**26 (so the low half of a tile's
+    sum never reaches the high one, and the whole stays below 2**53)."""
+    n = ST.shape[1]
+    if n == 0:
+        return []
+    starts = np.arange(0, n, TILE)
+    whole: list[int] = []
+    for c in (c for g in plain for c in g):
+        row = ST[c]
+        head = row[:64]
+        if not (head.min() >= 0 and np.array_equal(head, np.floor(head))):  # most float columns fail here
+            continue
+        if row.min() >= 0 and np.array_equal(row, np.floor(row)) \
+                and float(np.add.reduceat(row, starts).max()) * _MAX_COUNT < _PACK:
+            whole.append(c)
+    return list(zip(whole[0::2], whole[1::2]))
 
 
 def segment_rows(groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]], row_of: dict[int, int],
