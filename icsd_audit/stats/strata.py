@@ -158,7 +158,8 @@ class StrataAccumulator:
         """Expect about ``rows`` input rows in all (valid or not, e.g. :attr:`DumpReader.n_rows`): the per-turn sums
         then go into one matrix as each batch is added or merged, sized from the first batch's turns per row
         (10 % over; grown by half, with a copy, if the estimate falls short), so that :meth:`family` copies
-        nothing after the stream; the matrix's pages are first touched while the stream's threads compute."""
+        nothing after the stream; the matrix is faulted in when made (:func:`~icsd_audit.stats.pages.plain_empty`), while
+        the stream's threads compute."""
         if self._sums or self._M is not None:
             raise ValueError("reserve before adding any batch")
         self._expected_rows = max(1, int(rows))
@@ -289,9 +290,9 @@ class StrataAccumulator:
         columns are gathered into one (columns x turns) float64 matrix, each batch's piece
         released once copied (already done where :meth:`reserve` was called), and handed over as
         its transpose (a view, which the bootstrap takes without a copy): about 8 bytes per turn
-        per column.  ``workers`` threads copy the pieces (NumPy copies without the GIL; the
-        first touch of the matrix's pages is most of the time).  ``donate``: the family is only handed to the bootstrap, whose engine then
-        sorts the matrix in place; otherwise the engine multiplies a sorted copy (as much again).
+        per column.  ``workers`` threads copy the pieces (NumPy copies without the GIL).  ``donate``: the family is
+        only handed to the bootstrap, whose engine then sorts the matrix in place; otherwise the engine multiplies a
+        sorted copy (as much again).
         """
         if not self._sums and not self._used:
             raise ValueError("no valid tokens to audit")

@@ -1,0 +1,46 @@
+"""stats/pages.py: big arrays in plain pages, faulted in when mapped."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from icsd_audit.stats.pages import plain_empty
+
+
+@pytest.mark.parametrize("shape,dtype", [((0,), np.float64), ((3, 4), np.float32), ((5,), np.int64)])
+def test_plain_empty_is_a_writable_zero_array(shape, dtype):
+    a = plain_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == np.dtype(dtype) and a.flags.c_contiguous and a.flags.writeable
+    assert not a.any()
+    a[...] = 7
+    assert (a == 7).all()
+
+
+def _mapping(address: int) -> dict[str, int]:
+    """The kB fields of the /proc/self/smaps entry holding ``address``."""
+    entry: dict[str, int] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            entry = {} if lo <= address < hi else None
+        elif entry is not None and line.endswith(" kB"):
+            entry[head.rstrip(":")] = int(line.split()[1])
+        elif entry is not None and entry and head == "VmFlags:":
+            return entry
+    raise AssertionError("no mapping holds the array")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_POPULATE and /proc/self/smaps are Linux's")
+def test_plain_empty_is_resident_when_made_and_not_in_huge_pages():
+    """Faulted in by the mapping itself (no page is touched here), in plain pages: no huge-page advice."""
+    a = plain_empty((8 << 20,), np.uint8)
+    fields = _mapping(a.ctypes.data)
+    assert fields["Rss"] >= 8 << 10  # every page resident
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[always]" not in thp.read_text():
+        assert fields.get("AnonHugePages", 0) == 0
