@@ -13,10 +13,11 @@ constant over a turn).  :class:`SegmentedFamily` uses both, with no change to th
   denominators; mixed) and then by their highest nonzero group, so each group's nonzero
   clusters lie in one short range of the tile per class (a prefix, where the supports are
   nested as positions are);
-* the rows (a group's plain columns, then the denominators, group after group) are
-  multiplied in panels of :data:`PANEL_ROWS` (two half panels where their ranges are narrow
-  enough to pay for the second call) over the range where the panel's groups are nonzero; the
-  numerators only on mixed clusters, the class giving them elsewhere;
+* the rows (every group's plain columns, then the denominators, group after group) are
+  multiplied in panels of :data:`PANEL_ROWS` or half as many rows (two half panels where their
+  ranges are narrow enough to pay for the second call) over the range where the panel's rows
+  are nonzero, rows zero on the whole segment skipped; the numerators only on mixed clusters,
+  the class giving them elsewhere;
 * whole-number columns (a bin's token count) are multiplied two to a row, ``low + 2**26 high``
   (:func:`_packable_pairs`): exact, and split apart after each tile;
 * the counts of the tile are gathered into that order (from inside the tile, in cache),
@@ -49,8 +50,9 @@ __all__ = ["SegmentedFamily", "TILE", "segment_rows"]
 TILE = 8192
 #: clusters per product at most: (12 x w) @ (w x 16) stays in OpenBLAS's small-matrix kernel (M N K <= 1e6)
 WIDTH = 4096
-#: rows per product: (12 x 1,024) @ (4 x 1,024 x 16) runs at about 27 G multiply-adds per second on one core here
-#: in isolation (OpenBLAS's small-matrix kernel; a multiple of its 6-row step), 5 or 10 rows at 14-20, 45 at 10-13
+#: rows per product: (r x 4,096) @ (4 x 4,096 x 16) runs at 26-27 G multiply-adds per second on one core here in
+#: isolation for r = 6 or 12 (OpenBLAS's small-matrix kernel, AVX-512), 21-24 G for 7-11 rows, 14-16 for
+#: 2-5; 45 rows (past the small kernel) at 10-13
 PANEL_ROWS = 12
 #: cluster classes inside a tile, in sorted order: no tied pair nonzero; numerators all 0 (denominators not);
 #: numerators all equal to their denominators; mixed
@@ -113,7 +115,6 @@ class SegmentedFamily(ThreadBuffers):
         row_of = {c: r for r, c in enumerate(self.main)}
         self.den_rows = np.array([row_of[den_of[a]] for a in self.nums], dtype=np.int64)
         cuts = [np.cumsum([0] + [len(g) for g in kind]) for kind in kinds]
-        offsets = (0, int(cuts[0][-1]), 0)  # first row of each kind in its array (S, S, Snum)
         # the packed rows (the last of the plain rows), and the columns of their low and high counts
         self.packed = (int(cuts[0][m]), int(cuts[0][-1]), [lo for lo, _ in pairs], [hi for _, hi in pairs])
 
@@ -188,21 +189,29 @@ class SegmentedFamily(ThreadBuffers):
             mixed_off[a] = off
             off += z - a
 
-        # the plan: per tile, its products (source, class, first row, stop row, first cluster, stop, source column)
-        self.tiles: list[tuple[int, int, list[tuple[int, int, int, int, int, int, int]]]] = []
+        # each row's range per segment: the rows of S (plain, then denominators), and the numerators' (Snum)
+        row_group = [np.repeat(np.arange(len(kind)), np.diff(cut)) for kind, cut in zip(kinds, cuts)]
+        main_lo = np.concatenate([ranges[0][0][row_group[0]], ranges[1][0][row_group[1]]])
+        main_hi = np.concatenate([ranges[0][1][row_group[0]], ranges[1][1][row_group[1]]])
+        num_lo, num_hi = ranges[2][0][row_group[2]], ranges[2][1][row_group[2]]
+
+        # the plan: per tile, its products (source, class, first row, first row added, stop row, first cluster,
+        # stop, source column); the rows of S in one run (plain and denominators together)
+        self.tiles: list[tuple[int, int, list[tuple[int, int, int, int, int, int, int, int]]]] = []
         t_of_seg = seg[starts] // _CLASSES
         for t in range(int(tile[-1]) + 1 if n else 0):
             c0, c1 = t * TILE, min(n, (t + 1) * TILE)
-            plan: list[tuple[int, int, int, int, int, int, int]] = []
+            plan: list[tuple[int, int, int, int, int, int, int, int]] = []
             for s in np.flatnonzero(t_of_seg == t).tolist():
                 cl, s0 = int(seg[starts[s]] % _CLASSES), int(starts[s])
-                for j in ((0, 1) if cl != _MIXED else (0, 1, 2)):
-                    lo, hi = ranges[j]
-                    for r0, r1, a0, z0 in _panels(lo[:, s], hi[:, s], cuts[j]):
+                sources = [(0, main_lo[:, s], main_hi[:, s])] + ([(1, num_lo[:, s], num_hi[:, s])] if cl == _MIXED
+                                                                 else [])
+                for src, lo, hi in sources:
+                    for p0, k0, p1, a0, z0 in _panels(lo, hi):
                         for a in range(a0, z0, WIDTH):
                             z = min(z0, a + WIDTH)
-                            col = a if j < 2 else mixed_off[s0] + a - s0
-                            plan.append((int(j == 2), cl, offsets[j] + r0, offsets[j] + r1, a - c0, z - c0, col))
+                            col = a if src == 0 else mixed_off[s0] + a - s0
+                            plan.append((src, cl, p0, k0, p1, a - c0, z - c0, col))
             self.tiles.append((c0, c1, plan))
         self._local = threading.local()
 
@@ -223,10 +232,11 @@ class SegmentedFamily(ThreadBuffers):
                 w = c1 - c0
                 got = gbuf[: SUPER * w].reshape(SUPER, w)
                 cf = cbuf[: SUPER * w * BLOCK].reshape(SUPER, w, BLOCK)
-                steps = [((self.S if src == 0 else self.Snum)[r0:r1, s0 : s0 + z - a], cf[:, a:z],
-                          obuf[: SUPER * (r1 - r0) * BLOCK].reshape(SUPER, r1 - r0, BLOCK),
-                          acc[cl, :, r0:r1] if src == 0 else acc_num[:, r0:r1])
-                         for src, cl, r0, r1, a, z, s0 in plan]
+                steps = []
+                for src, cl, r0, k0, r1, a, z, s0 in plan:
+                    out = obuf[: SUPER * (r1 - r0) * BLOCK].reshape(SUPER, r1 - r0, BLOCK)
+                    steps.append(((self.S if src == 0 else self.Snum)[r0:r1, s0 : s0 + z - a], cf[:, a:z], out,
+                                  out[:, k0 - r0 :], acc[cl, :, k0:r1] if src == 0 else acc_num[:, k0:r1]))
                 # the tile's order as positions inside the tile: NumPy's take reads a tile's slice by local
                 # positions in about 0.15 ns per resample and cluster, the whole row by global ones in 0.23
                 tiles.append((slice(c0, c1), self.order[c0:c1] - c0, got, got.view(np.int8).reshape(SUPER, w, BLOCK),
@@ -246,9 +256,9 @@ class SegmentedFamily(ThreadBuffers):
             # this tile's counts in its sorted order (read from inside the tile, in cache; no index is out of range)
             np.take(cv[:, cols], order, axis=1, out=got, mode="clip")
             np.copyto(cf, got8, casting="unsafe")
-            for sums, cnt, out, dst in steps:
+            for sums, cnt, out, added, dst in steps:
                 np.matmul(sums, cnt, out=out)
-                np.add(dst, out, out=dst)
+                np.add(dst, added, out=dst)
             if p1 > p0:  # the packed rows' sums over this tile, split into their two counts (whole numbers: exact)
                 whole = acc[:, :, p0:p1].sum(axis=0)
                 high_part = np.floor(whole * (1.0 / _PACK))
@@ -304,31 +314,37 @@ def segment_rows(groups: Sequence[Sequence[int]], tied: Sequence[tuple[int, int]
             [(row_of[int(a)], row_of[int(b)]) for a, b in tied if int(a) in row_of and int(b) in row_of])
 
 
-def _panels(lo: np.ndarray, hi: np.ndarray, cut: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """Products (r0, r1, a, z) of one segment: rows in panels of :data:`PANEL_ROWS` (group ``g`` owns rows
-    cut[g]:cut[g + 1]), each cut to the rows of groups with a nonzero cluster in the segment and multiplied over
-    the union [a, z) of those groups' ranges [lo, hi); a panel whose halves' ranges differ enough is
-    multiplied as two (:func:`_split_pays`).  A row's sums do not depend on the split: its nonzero clusters lie
-    inside every range it is multiplied over, and a product adds its clusters' terms in cluster order."""
-    live = np.flatnonzero((hi > lo) & (np.diff(cut) > 0))
-    total = int(cut[-1])
-
-    def panel(p0: int, p1: int) -> tuple[int, int, int, int] | None:
-        gs = [int(g) for g in live if cut[g] < p1 and cut[g + 1] > p0]
-        if not gs:
-            return None
-        return (max(p0, int(cut[gs[0]])), min(p1, int(cut[gs[-1] + 1])), int(min(lo[g] for g in gs)),
-                int(max(hi[g] for g in gs)))
-
-    out: list[tuple[int, int, int, int]] = []
-    for p0 in range(0, total, PANEL_ROWS):
-        p1 = min(total, p0 + PANEL_ROWS)
-        whole = panel(p0, p1)
-        if whole is None:
-            continue
-        halves = [h for h in (panel(p0, p0 + PANEL_ROWS // 2), panel(p0 + PANEL_ROWS // 2, p1)) if h is not None] \
-            if p1 - p0 > PANEL_ROWS // 2 else []
-        out += halves if len(halves) == 2 and _split_pays(whole, halves) else [whole]
+def _panels(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    """Products (p0, k0, p1, a, z) of one segment: rows p0:p1 of the array multiplied over the clusters [a, z), the
+    outputs of rows k0:p1 added.  Row r is nonzero on the segment within [lo[r], hi[r]) only (empty: zero on all of
+    it).  Panels hold :data:`PANEL_ROWS` rows, or half as many where the rows left to add end sooner: the small-matrix
+    kernel runs slower on other counts (8-10 rows at 75-85 % of the rate of 6 and 12), and a row that is zero on
+    the segment costs no more than one of those.  The rows to add are covered once each, in order; a panel that
+    would run past the last row starts earlier and drops the rows it repeats (k0 > p0).  A panel whose halves' ranges
+    differ enough is multiplied as its halves (:func:`_split_pays`).  A row's sums do not depend on the panel: its
+    nonzero clusters lie inside every range it is multiplied over, and a product adds its clusters' terms in
+    cluster order."""
+    total = int(lo.size)
+    live = np.flatnonzero(hi > lo)
+    half = PANEL_ROWS // 2
+    out: list[tuple[int, int, int, int, int]] = []
+    i = 0
+    while i < live.size:
+        p = int(live[i])
+        last = int(live[int(np.searchsorted(live, p + PANEL_ROWS)) - 1])
+        size = min(total, PANEL_ROWS if last >= p + half else half)
+        p0 = min(p, total - size)
+        j = int(np.searchsorted(live, p0 + size))
+        rows = live[i:j]
+        whole = (p0, p, p0 + size, int(lo[rows].min()), int(hi[rows].max()))
+        halves = []
+        if size == PANEL_ROWS:
+            for h0 in (p0, p0 + half):
+                r = rows[(rows >= h0) & (rows < h0 + half)]
+                if r.size:
+                    halves.append((h0, max(h0, p), h0 + half, int(lo[r].min()), int(hi[r].max())))
+        out += halves if halves and _split_pays(whole, halves) else [whole]
+        i = j
     return out
 
 
@@ -339,10 +355,10 @@ _CALL_COST, _HALF_COST = 3072, 1.04
 
 
 def _split_pays(whole: tuple[int, int, int, int], halves: list[tuple[int, int, int, int]]) -> bool:
-    """Whether two half panels cost less than the whole one (the halves' ranges are narrower where the groups of
-    one half reach fewer clusters, as later positions do)."""
-    def madds(p: tuple[int, int, int, int]) -> int:
-        return (p[1] - p[0]) * (p[3] - p[2])
+    """Whether the half panels (one or two) cost less than the whole one (the halves' ranges are narrower where the
+    groups of one half reach fewer clusters, as later positions do)."""
+    def madds(p: tuple[int, int, int, int, int]) -> int:
+        return (p[2] - p[0]) * (p[4] - p[3])
 
     return sum(madds(h) for h in halves) * _HALF_COST + _CALL_COST < madds(whole)
 
