@@ -288,3 +288,35 @@ def test_packed_counts_are_exact_across_many_tiles(monkeypatch):
     apart = segments.SegmentedFamily(ST, groups, [], lay)
     assert apart.packed[2] == []
     assert apart.unit_sums(counts).tobytes() == got.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_panels_add_each_live_row_once_in_panels_of_12_or_6(monkeypatch, seed):
+    """Random segments (rows zero on the segment, rows with ranges of their own): every row with a nonzero range is
+    added by exactly one product, whose range holds the row's; rows zero on the segment are never added; each
+    product multiplies 12 or 6 rows inside the array (all of them where it holds fewer than 6)."""
+    monkeypatch.setattr(segments, "_CALL_COST", 10**9 if seed % 2 else 0)  # whole panels, or halves wherever narrower
+    rng = np.random.default_rng(seed)
+    total = int(rng.integers(1, 60))
+    lo = rng.integers(0, 50, total)
+    hi = lo + rng.integers(1, 50, total)
+    dead = rng.random(total) < rng.choice([0.0, 0.3, 0.8])
+    lo[dead], hi[dead] = 100, 0
+    added = np.zeros(total, dtype=int)
+    for p0, k0, p1, a, z in segments._panels(lo, hi):
+        assert 0 <= p0 <= k0 < p1 <= total and p1 - p0 in ({12, 6} if total >= 6 else {total})
+        rows = np.arange(k0, p1)
+        added[rows] += 1
+        live = rows[~dead[rows]]
+        assert (lo[live] >= a).all() and (hi[live] <= z).all()
+    assert (added[~dead] == 1).all() and (added[dead] <= 1).all()
+
+
+def test_panels_of_a_run_of_45_rows_and_of_27():
+    """45 rows nonzero over the whole segment: four panels of 12, the last starting 3 rows early and adding 9; 27
+    rows: two of 12 and one of 6 that takes 3 rows past the run (zero there)."""
+    full = segments._panels(np.zeros(45, dtype=int), np.full(45, 7))
+    assert full == [(0, 0, 12, 0, 7), (12, 12, 24, 0, 7), (24, 24, 36, 0, 7), (33, 36, 45, 0, 7)]
+    lo, hi = np.full(40, 9), np.zeros(40, dtype=int)
+    lo[:27], hi[:27] = 0, 7
+    assert segments._panels(lo, hi) == [(0, 0, 12, 0, 7), (12, 12, 24, 0, 7), (24, 24, 30, 0, 7)]
