@@ -65,7 +65,7 @@ def main() -> None:
         if p.sizes.tobytes() != tcm.sizes.tobytes():
             raise SystemExit("the strata family's layout is not tcm's")
         seg = SegmentedFamily(p.ST, *p.segments, lay)
-        rows[by] = (p.ST.shape[0], sum((q[3] - q[2]) * (q[5] - q[4]) for t in seg.tiles for q in t[2]) / lay.n)
+        rows[by] = (p.ST.shape[0], sum((q[4] - q[2]) * (q[6] - q[5]) for t in seg.tiles for q in t[2]) / lay.n)
         engines[f"{by} plain"] = _Engine(lay, [Family(p.ST, p.sgroup, 1, lay)], seed)
         engines[f"{by} sorted tiles"] = seg
     times: dict[str, list[float]] = {"draw": [], **{k: [] for k in engines}}
