@@ -321,9 +321,10 @@ def _panels(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, int, int, in
     kernel runs slower on other counts (8-10 rows at 75-85 % of the rate of 6 and 12), and a row that is zero on
     the segment costs no more than one of those.  The rows to add are covered once each, in order; a panel that
     would run past the last row starts earlier and drops the rows it repeats (k0 > p0).  A panel whose halves' ranges
-    differ enough is multiplied as its halves (:func:`_split_pays`).  A row's sums do not depend on the panel: its
-    nonzero clusters lie inside every range it is multiplied over, and a product adds its clusters' terms in
-    cluster order."""
+    differ enough is multiplied as its halves (:func:`_split_pays`).  A row's sums do not depend on the panel where
+    its range fits one product: its nonzero clusters lie inside every range it is multiplied over, and a product
+    adds its clusters' terms in cluster order (a longer range is cut every :data:`WIDTH` clusters from its start,
+    which may move the last bits; still a function of the family's own sums)."""
     total = int(lo.size)
     live = np.flatnonzero(hi > lo)
     half = PANEL_ROWS // 2
@@ -354,7 +355,7 @@ def _panels(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, int, int, in
 _CALL_COST, _HALF_COST = 3072, 1.04
 
 
-def _split_pays(whole: tuple[int, int, int, int], halves: list[tuple[int, int, int, int]]) -> bool:
+def _split_pays(whole: tuple[int, int, int, int, int], halves: list[tuple[int, int, int, int, int]]) -> bool:
     """Whether the half panels (one or two) cost less than the whole one (the halves' ranges are narrower where the
     groups of one half reach fewer clusters, as later positions do)."""
     def madds(p: tuple[int, int, int, int, int]) -> int:
