@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from icsd_audit.stats.bootstrap import BootstrapResult, RatioBootstrapResult, RatioFamily, bootstrap_ratio_families
-from icsd_audit.stats.pages import plain_empty
+from icsd_audit.stats.pages import plain_empty, prefault
 from icsd_audit.stats.pool import on_threads
 from icsd_audit.stats.rank_edges import linear_quantiles
 from icsd_audit.stats.results import EPS, PairedResult, check_names, tcm_undefined_reason
@@ -158,8 +158,9 @@ class StrataAccumulator:
         """Expect about ``rows`` input rows in all (valid or not, e.g. :attr:`DumpReader.n_rows`): the per-turn sums
         then go into one matrix as each batch is added or merged, sized from the first batch's turns per row
         (10 % over; grown by half, with a copy, if the estimate falls short), so that :meth:`family` copies
-        nothing after the stream; the matrix is faulted in when made (:func:`~icsd_audit.stats.pages.plain_empty`), while
-        the stream's threads compute."""
+        nothing after the stream; each batch's columns are faulted in before they are written (one call per row,
+        :func:`~icsd_audit.stats.pages.prefault`; capacity never written costs nothing), while the stream's threads
+        compute."""
         if self._sums or self._M is not None:
             raise ValueError("reserve before adding any batch")
         self._expected_rows = max(1, int(rows))
@@ -175,11 +176,14 @@ class StrataAccumulator:
                 cap = int(np.ceil(w / max(rows, 1) * self._expected_rows * 1.1)) + w
             else:
                 cap = max(self._used + w, int(self._M.shape[1] * 1.5))
-            grown = plain_empty((k, cap))  # faulted in plainly, as its batches arrive (stats/pages.py)
+            grown = plain_empty((k, cap), populate=False)  # sized from an estimate: faulted in as batches arrive
             if self._M is not None:
+                prefault(grown[:, : self._used])
                 grown[:, : self._used] = self._M[:, : self._used]
             self._M = grown
-        self._M[:, self._used : self._used + w] = piece
+        dst = self._M[:, self._used : self._used + w]
+        prefault(dst)  # a call per row rather than a fault per page (stats/pages.py)
+        dst[...] = piece
         self._used += w
 
     def add(self, tokens: Tokens, weights: Weights, *, x: Any, first_row: int | None = None) -> None:

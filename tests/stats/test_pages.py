@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from icsd_audit.stats import pages
 from icsd_audit.stats.pages import plain_empty
 
 
@@ -44,3 +46,20 @@ def test_plain_empty_is_resident_when_made_and_not_in_huge_pages():
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[always]" not in thp.read_text():
         assert fields.get("AnonHugePages", 0) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and /proc/self/smaps are Linux's")
+def test_prefault_brings_in_the_rows_written_and_nothing_else():
+    """A lazy array (sized from an estimate) is resident only where prefaulted: 4 of its 64 rows, 3 pages each (the
+    row's slice starts mid-page); other arrays are left alone."""
+    page = 4096
+    a = plain_empty((64, 64 * page // 8), np.float64, populate=False)  # rows of 64 pages
+    assert _mapping(a.ctypes.data)["Rss"] == 0
+    if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (5, 14):
+        pytest.skip("MADV_POPULATE_WRITE came with Linux 5.14")
+    pages.prefault(a[10:14, 100:100 + 2 * page // 8])  # 2 pages of values from 800 bytes into a page: 3 pages a row
+    assert _mapping(a.ctypes.data)["Rss"] == 4 * 3 * page // 1024
+    assert not a.any()
+    pages.prefault(np.zeros((3, 4)))  # not a mapping of ours: nothing
+    pages.prefault(a[:, ::2])  # not row-contiguous: nothing
+    assert _mapping(a.ctypes.data)["Rss"] == 4 * 3 * page // 1024
