@@ -127,9 +127,9 @@ class SegmentedFamily(ThreadBuffers):
         anyg = nzk[0][:m] | nzk[1] | nzk[2]
         for i, (lo_c, hi_c) in enumerate(pairs):  # a packed row is nonzero where either of its counts is
             hi_nz = ST[hi_c] != 0
-            nzk[0][m + i] |= hi_nz
-            anyg[group_of[lo_c]] |= ST[lo_c] != 0
+            anyg[group_of[lo_c]] |= nzk[0][m + i]  # its low count's support so far
             anyg[group_of[hi_c]] |= hi_nz
+            nzk[0][m + i] |= hi_nz
         if tied:
             zero, equal = ~nzk[2].any(axis=0), np.ones(n, dtype=bool)
             for a, b in tied:  # pair by pair (no copy of the tied rows)
