@@ -21,7 +21,7 @@ import numpy as np
 from icsd_audit.alloc.options import required_columns, weight_pair
 from icsd_audit.dumps.reader import DumpError, DumpReader, TokenBatch, prefetch
 from icsd_audit.stats.budget import check_bootstrap, check_resources
-from icsd_audit.stats.pages import plain_empty
+from icsd_audit.stats.pages import plain_empty, prefault
 from icsd_audit.audit.run import AuditRequest, deployed_request
 from icsd_audit.audit.threads import single_threaded_maths
 from icsd_audit.stats.strata import StrataAccumulator, covariate_values, strata_edges
@@ -72,11 +72,13 @@ def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -
     out, at = None, 0  # the valid values, written in place (no list of parts, no concatenated copy)
     for table in reader.column_groups([col, "valid"], workers=workers):
         x = table.column(col).to_numpy(zero_copy_only=False)
+        # sized for every row, valid or not: faulted in as the valid values are written (stats/pages.py)
         if out is None:
-            out = plain_empty((reader.n_rows,), x.dtype)  # no huge-page advice (stats/pages.py)
+            out = plain_empty((reader.n_rows,), x.dtype, populate=False)
         elif np.result_type(out, x) != out.dtype:  # a file of a wider type: the values so far widened (exactly)
             wide = np.result_type(out, x)
-            grown = plain_empty((reader.n_rows,), wide)
+            grown = plain_empty((reader.n_rows,), wide, populate=False)
+            prefault(grown[:at])
             grown[:at] = out[:at]
             out = grown
         x = x.astype(out.dtype, copy=False)
@@ -84,6 +86,7 @@ def collect_covariate(reader: DumpReader, covariate: str, *, workers: int = 1) -
             if "valid" in table.column_names else None
         m = x.size if keep is None else int(np.count_nonzero(keep))
         dst = out[at : at + m]
+        prefault(dst)
         if m == x.size and covariate == "abs_delta":  # every row valid: one pass
             np.abs(x, out=dst)
         elif m == x.size:

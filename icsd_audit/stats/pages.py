@@ -50,9 +50,11 @@ def plain_empty(shape: tuple[int, ...], dtype: Any = np.float64, *, populate: bo
 
 
 def prefault(view: np.ndarray) -> None:
-    """Fault in the pages under each row of ``view`` (a 2-D slice of a :func:`plain_empty` array), one call per row,
-    before they are written; nothing where the kernel or platform cannot (the writes then fault them in)."""
+    """Fault in the pages under each row of ``view`` (a 1-D or 2-D slice of a :func:`plain_empty` array), one call
+    per row, before they are written; nothing where the kernel or platform cannot (the writes then fault them in)."""
     global _MADV_POPULATE_WRITE
+    if view.ndim == 1:
+        view = view[None, :]
     if _MADV_POPULATE_WRITE is None or view.ndim != 2 or not view.size or view.strides[1] != view.itemsize:
         return
     base: Any = view
