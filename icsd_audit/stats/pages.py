@@ -8,10 +8,10 @@ the kernel, against 0.17 s in plain pages, with no difference in the bootstrap's
 pages wherever THP is not ``always``; where it is, nothing changes. In the development box's virtual machine each
 page's first touch is a trap of its own: the strata's 60 batch copies into a fresh 300 MB matrix took 0.22 s so,
 against 0.13 s with the mapping populated when made (``MAP_POPULATE``, Linux; the mapping included, /tmp script, 3
-runs each). An array written whole is populated so; one sized from an estimate (the strata's reserved matrix) is
-faulted in a batch's columns at a time, one ``MADV_POPULATE_WRITE`` call per row (:func:`prefault`), so that
-capacity never written costs nothing: the 20M-token stream's copies into it took 0.19-0.20 s against 0.39-0.46 s
-one page at a time.
+runs each). An array written whole is populated so; one sized from an estimate or a bound (the strata's reserved
+matrix, the first pass's sample) is faulted in a batch's part at a time, one ``MADV_POPULATE_WRITE`` call per row
+(:func:`prefault`), so that capacity never written costs nothing: the 20M-token stream's copies into the matrix took
+0.19-0.20 s against 0.39-0.46 s one page at a time.
 
 Pure standard library and numpy.
 """
